@@ -1,0 +1,13 @@
+//! allot's core: the domain model, address-set arithmetic and decision logic.
+//!
+//! No I/O, no kube, no wasmtime, no tokio: everything here is a pure function or plain data, so
+//! it is unit-tested in microseconds and shared by every adapter and binary.
+
+pub mod addr;
+pub mod policy;
+pub mod pool;
+pub mod spec;
+
+pub use addr::{AddrError, AddrSet, IpFamily};
+pub use policy::{Inventory, Policy, PolicyError, PolicyErrorKind};
+pub use pool::{Pool, PoolFacts, Reserved, SpecError, Subnet};

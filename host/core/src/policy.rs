@@ -1,0 +1,600 @@
+//! The policy seam: the data a pool-selection policy sees and the decision it returns, mirroring
+//! `wit/policy.wit`, and the [`Policy`] trait that the wasmtime host implements.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use crate::addr::IpFamily;
+use crate::pool::{Pool, Reserved, Subnet, reserved_set};
+use crate::spec::{IpPoolSpec, RouteSpec, SubnetSpec, auto_pool_labels};
+
+pub type Labels = BTreeMap<String, String>;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Application {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// A pool as a policy sees it: the spec plus the host's facts that change with the inventory.
+#[derive(Clone, Debug)]
+pub struct InventoryPool {
+    pub name: String,
+    pub labels: Labels,
+    pub family: IpFamily,
+    pub spec: IpPoolSpec,
+    pub terminating: bool,
+    pub total_count: u64,
+    pub all_excluded: bool,
+    pub all_reserved: bool,
+    pub subnet_owner: Option<String>,
+    pub application: Option<Application>,
+}
+
+#[derive(Clone, Debug)]
+pub struct InventorySubnet {
+    pub name: String,
+    pub family: IpFamily,
+    pub spec: SubnetSpec,
+}
+
+/// Everything that changes only when pools, subnets or reservations change. Policies receive it
+/// once per generation; requests refer to pools by index into `pools`.
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    pub generation: u64,
+    pub pools: Vec<InventoryPool>,
+    pub subnets: Vec<InventorySubnet>,
+}
+
+impl Inventory {
+    /// Builds the inventory from checked objects. Pools and subnets are ordered by name so that
+    /// indices, and the expansion of wildcards, are deterministic.
+    pub fn build(
+        generation: u64,
+        pools: &[Pool],
+        subnets: &[Subnet],
+        reserved: &[Reserved],
+    ) -> Self {
+        let reserved_v4 = reserved_set(IpFamily::V4, reserved);
+        let reserved_v6 = reserved_set(IpFamily::V6, reserved);
+        let mut inv_pools: Vec<InventoryPool> = pools
+            .iter()
+            .map(|p| {
+                let reserved = match p.family {
+                    IpFamily::V4 => &reserved_v4,
+                    IpFamily::V6 => &reserved_v6,
+                };
+                let facts = p.facts(reserved, 0);
+                let labels = &p.meta.labels;
+                let application = match (
+                    labels.get(auto_pool_labels::APPLICATION_KIND),
+                    labels.get(auto_pool_labels::APPLICATION_NAMESPACE),
+                    labels.get(auto_pool_labels::APPLICATION_NAME),
+                ) {
+                    (Some(kind), Some(namespace), Some(name)) => Some(Application {
+                        kind: kind.clone(),
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                    }),
+                    _ => None,
+                };
+                InventoryPool {
+                    name: p.meta.name.clone(),
+                    labels: labels.clone(),
+                    family: p.family,
+                    spec: p.spec.clone(),
+                    terminating: p.terminating(),
+                    total_count: facts.total,
+                    all_excluded: facts.all_excluded,
+                    all_reserved: facts.all_reserved,
+                    subnet_owner: labels.get(auto_pool_labels::OWNER_SUBNET).cloned(),
+                    application,
+                }
+            })
+            .collect();
+        inv_pools.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut inv_subnets: Vec<InventorySubnet> = subnets
+            .iter()
+            .map(|s| InventorySubnet {
+                name: s.meta.name.clone(),
+                family: s.family,
+                spec: s.spec.clone(),
+            })
+            .collect();
+        inv_subnets.sort_by(|a, b| a.name.cmp(&b.name));
+        Inventory {
+            generation,
+            pools: inv_pools,
+            subnets: inv_subnets,
+        }
+    }
+
+    pub fn pool_index(&self, name: &str) -> Option<u32> {
+        self.pools
+            .binary_search_by(|p| p.name.as_str().cmp(name))
+            .ok()
+            .map(|i| i as u32)
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub labels: Labels,
+    pub annotations: Labels,
+    pub owner: Option<Owner>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct NamespaceInfo {
+    pub name: String,
+    pub labels: Labels,
+    pub annotations: Labels,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct NodeInfo {
+    pub name: String,
+    pub labels: Labels,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Nic {
+    pub interface: String,
+    /// Multus network ("namespace/name"); empty when not attached through Multus.
+    pub multus_name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CniDefaults {
+    pub ipv4: Vec<String>,
+    pub ipv6: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    pub pod: PodInfo,
+    pub namespace: NamespaceInfo,
+    pub node: NodeInfo,
+    pub nics: Vec<Nic>,
+    pub cni_defaults: CniDefaults,
+    /// Free addresses per pool, indexed like `Inventory::pools`.
+    pub free_counts: Vec<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AcquisitionRule {
+    SubnetAnnotation,
+    PoolAnnotation,
+    NamespaceDefault,
+    CniDefault,
+    ClusterDefault,
+    Custom,
+}
+
+impl AcquisitionRule {
+    pub const ALL: [AcquisitionRule; 6] = [
+        Self::SubnetAnnotation,
+        Self::PoolAnnotation,
+        Self::NamespaceDefault,
+        Self::CniDefault,
+        Self::ClusterDefault,
+        Self::Custom,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SubnetAnnotation => "subnet-annotation",
+            Self::PoolAnnotation => "pool-annotation",
+            Self::NamespaceDefault => "namespace-default",
+            Self::CniDefault => "cni-default",
+            Self::ClusterDefault => "cluster-default",
+            Self::Custom => "custom",
+        }
+    }
+}
+
+impl fmt::Display for AcquisitionRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    NotFound,
+    Terminating,
+    Disabled,
+    WrongFamily,
+    NodeMismatch,
+    NamespaceMismatch,
+    PodMismatch,
+    MultusMismatch,
+    AllExcluded,
+    AllReserved,
+    Exhausted,
+    Other,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 12] = [
+        Self::NotFound,
+        Self::Terminating,
+        Self::Disabled,
+        Self::WrongFamily,
+        Self::NodeMismatch,
+        Self::NamespaceMismatch,
+        Self::PodMismatch,
+        Self::MultusMismatch,
+        Self::AllExcluded,
+        Self::AllReserved,
+        Self::Exhausted,
+        Self::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotFound => "not-found",
+            Self::Terminating => "terminating",
+            Self::Disabled => "disabled",
+            Self::WrongFamily => "wrong-family",
+            Self::NodeMismatch => "node-mismatch",
+            Self::NamespaceMismatch => "namespace-mismatch",
+            Self::PodMismatch => "pod-mismatch",
+            Self::MultusMismatch => "multus-mismatch",
+            Self::AllExcluded => "all-excluded",
+            Self::AllReserved => "all-reserved",
+            Self::Exhausted => "exhausted",
+            Self::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolRef {
+    Index(u32),
+    Missing(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    pub pool: PoolRef,
+    pub reason: DropReason,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FamilyDecision {
+    pub family: IpFamily,
+    pub rule: AcquisitionRule,
+    pub source: String,
+    pub candidates: Vec<u32>,
+    pub order: Vec<u32>,
+    pub dropped: Vec<Dropped>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NicDecision {
+    pub interface: String,
+    pub clean_gateway: bool,
+    pub routes: Vec<RouteSpec>,
+    pub families: Vec<FamilyDecision>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub nics: Vec<NicDecision>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyErrorKind {
+    /// The policy's verdict: the pod, namespace or request is malformed. Retrying won't help.
+    InvalidInput,
+    /// The policy's verdict: something it needs does not exist yet. Retry later.
+    NotReady,
+    /// The policy reported itself confused.
+    Internal,
+    /// The policy ran past its deadline.
+    Deadline,
+    /// The policy tried to use more memory than allowed.
+    MemoryLimit,
+    /// The policy trapped (panicked, hit `unreachable`, ...).
+    Trap,
+    /// The policy returned a decision that does not fit the request or inventory.
+    BadOutput,
+    /// The policy could not be loaded or instantiated.
+    Load,
+}
+
+impl PolicyErrorKind {
+    /// A fault of the policy itself, as opposed to a verdict about the input. Faults may fall
+    /// back to the default policy; verdicts are passed on.
+    pub fn is_fault(self) -> bool {
+        !matches!(self, Self::InvalidInput | Self::NotReady)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidInput => "invalid-input",
+            Self::NotReady => "not-ready",
+            Self::Internal => "internal",
+            Self::Deadline => "deadline",
+            Self::MemoryLimit => "memory-limit",
+            Self::Trap => "trap",
+            Self::BadOutput => "bad-output",
+            Self::Load => "load",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct PolicyError {
+    pub kind: PolicyErrorKind,
+    pub message: String,
+}
+
+impl PolicyError {
+    pub fn new(kind: PolicyErrorKind, message: impl Into<String>) -> Self {
+        PolicyError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// A pool-selection policy. Implemented by the wasmtime host; the allocation engine is generic
+/// over it.
+pub trait Policy: Send + Sync {
+    fn decide(
+        &self,
+        inventory: &Arc<Inventory>,
+        request: &Request,
+    ) -> Result<Decision, PolicyError>;
+}
+
+/// Bounds on a decision's size beyond which it is bogus whatever the inventory: a policy cannot
+/// make a host hold gigabytes of trace.
+pub const MAX_DETAIL_BYTES: usize = 4096;
+pub const MAX_SOURCE_BYTES: usize = 1024;
+pub const MAX_ROUTES: usize = 256;
+
+impl Decision {
+    /// Checks that a decision returned by an untrusted policy fits the request and inventory:
+    /// one entry per NIC asked for, at most one per family, indices in range, the order a
+    /// duplicate-free subset of the candidates, and bounded sizes.
+    pub fn validate(&self, inventory: &Inventory, request: &Request) -> Result<(), PolicyError> {
+        let bad = |m: String| Err(PolicyError::new(PolicyErrorKind::BadOutput, m));
+        let pool_count = inventory.pools.len();
+        if self.nics.len() != request.nics.len() {
+            return bad(format!(
+                "policy decided for {} NICs but the request has {}",
+                self.nics.len(),
+                request.nics.len()
+            ));
+        }
+        for (nic, asked) in self.nics.iter().zip(&request.nics) {
+            if nic.interface != asked.interface {
+                return bad(format!(
+                    "policy answered for interface {:?} where {:?} was asked",
+                    truncate(&nic.interface, 64),
+                    asked.interface
+                ));
+            }
+            if nic.routes.len() > MAX_ROUTES {
+                return bad(format!(
+                    "policy returned {} routes (at most {MAX_ROUTES})",
+                    nic.routes.len()
+                ));
+            }
+            let mut families = HashSet::new();
+            for fam in &nic.families {
+                if !families.insert(fam.family) {
+                    return bad(format!(
+                        "policy decided {} twice for {}",
+                        fam.family, nic.interface
+                    ));
+                }
+                if fam.source.len() > MAX_SOURCE_BYTES {
+                    return bad(format!(
+                        "policy returned a source of {} bytes",
+                        fam.source.len()
+                    ));
+                }
+                for list in [&fam.candidates, &fam.order] {
+                    if let Some(&i) = list.iter().find(|&&i| i as usize >= pool_count) {
+                        return bad(format!(
+                            "policy returned pool index {i} but the inventory holds {pool_count} pools"
+                        ));
+                    }
+                }
+                if fam.candidates.len() > pool_count {
+                    return bad(format!(
+                        "policy returned {} candidates but the inventory holds {pool_count} pools",
+                        fam.candidates.len()
+                    ));
+                }
+                let candidates: HashSet<u32> = fam.candidates.iter().copied().collect();
+                let mut seen = HashSet::with_capacity(fam.order.len());
+                for &i in &fam.order {
+                    if !seen.insert(i) {
+                        return bad(format!(
+                            "policy listed pool {} twice in its order",
+                            inventory.pools[i as usize].name
+                        ));
+                    }
+                    if !candidates.contains(&i) {
+                        return bad(format!(
+                            "policy ordered pool {} which is not among its candidates",
+                            inventory.pools[i as usize].name
+                        ));
+                    }
+                    if inventory.pools[i as usize].family != fam.family {
+                        return bad(format!(
+                            "policy ordered {} pool {} for {}",
+                            inventory.pools[i as usize].family,
+                            inventory.pools[i as usize].name,
+                            fam.family
+                        ));
+                    }
+                }
+                // Every candidate is either ordered or dropped once; names that matched nothing
+                // come on top, bounded by what the pod could have written.
+                if fam.dropped.len() > fam.candidates.len() + MAX_MISSING {
+                    return bad(format!(
+                        "policy returned {} dropped pools",
+                        fam.dropped.len()
+                    ));
+                }
+                for d in &fam.dropped {
+                    if d.detail.len() > MAX_DETAIL_BYTES {
+                        return bad(format!(
+                            "policy returned a drop detail of {} bytes",
+                            d.detail.len()
+                        ));
+                    }
+                    match &d.pool {
+                        PoolRef::Index(i) if *i as usize >= pool_count => {
+                            return bad(format!(
+                                "policy dropped pool index {i} but the inventory holds {pool_count} pools"
+                            ));
+                        }
+                        PoolRef::Missing(name) if name.len() > MAX_SOURCE_BYTES => {
+                            return bad(format!(
+                                "policy returned a missing pool name of {} bytes",
+                                name.len()
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Names in annotations that match nothing are reported as dropped; a pod cannot list more.
+pub const MAX_MISSING: usize = 1024;
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::ObjectMeta;
+
+    fn pool(name: &str, subnet: &str) -> Pool {
+        Pool::from_spec(
+            ObjectMeta {
+                name: name.into(),
+                ..Default::default()
+            },
+            IpPoolSpec {
+                subnet: subnet.into(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn inventory() -> Inventory {
+        Inventory::build(
+            1,
+            &[
+                pool("b", "10.0.1.0/24"),
+                pool("a", "10.0.0.0/24"),
+                pool("c6", "fd00::/64"),
+            ],
+            &[],
+            &[],
+        )
+    }
+
+    fn request() -> Request {
+        Request {
+            nics: vec![Nic {
+                interface: "eth0".into(),
+                multus_name: String::new(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn decision(candidates: Vec<u32>, order: Vec<u32>) -> Decision {
+        Decision {
+            nics: vec![NicDecision {
+                interface: "eth0".into(),
+                clean_gateway: false,
+                routes: vec![],
+                families: vec![FamilyDecision {
+                    family: IpFamily::V4,
+                    rule: AcquisitionRule::ClusterDefault,
+                    source: String::new(),
+                    candidates,
+                    order,
+                    dropped: vec![],
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn inventory_is_sorted_by_name() {
+        let inv = inventory();
+        let names: Vec<_> = inv.pools.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c6"]);
+        assert_eq!(inv.pool_index("b"), Some(1));
+        assert_eq!(inv.pool_index("zz"), None);
+    }
+
+    #[test]
+    fn validate_accepts_a_sound_decision() {
+        decision(vec![1, 0], vec![0, 1])
+            .validate(&inventory(), &request())
+            .unwrap();
+    }
+
+    #[test]
+    fn validate_rejects_bogus_decisions() {
+        let inv = inventory();
+        let req = request();
+        for (d, expect) in [
+            (decision(vec![0, 7], vec![0]), "index 7"),
+            (decision(vec![0], vec![0, 0]), "twice"),
+            (decision(vec![0], vec![1]), "not among its candidates"),
+            (decision(vec![2], vec![2]), "ipv6 pool c6 for ipv4"),
+            (Decision::default(), "0 NICs"),
+        ] {
+            let err = d.validate(&inv, &req).unwrap_err();
+            assert_eq!(err.kind, PolicyErrorKind::BadOutput);
+            assert!(
+                err.message.contains(expect),
+                "{} does not contain {expect}",
+                err.message
+            );
+        }
+    }
+}

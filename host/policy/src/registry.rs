@@ -1,0 +1,148 @@
+//! Policies per cluster, hot-swapped atomically: a call takes a reference to the current policy
+//! and finishes on it even if a new one is installed meanwhile.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use allot_core::PolicyError;
+use allot_core::policy::{Decision, Inventory, Policy, Request};
+
+use crate::LoadedPolicy;
+
+/// What a cluster wants when its policy faults (traps, deadline, memory cap, bogus output).
+/// A policy's verdict about the input (e.g. a malformed annotation) is never overridden.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnFailure {
+    /// Fail the allocation with the policy's error.
+    #[default]
+    Fail,
+    /// Decide with the embedded default policy instead.
+    FallBackToDefault,
+}
+
+#[derive(Debug)]
+pub struct ClusterPolicy {
+    pub policy: Arc<LoadedPolicy>,
+    pub on_failure: OnFailure,
+}
+
+/// A decision and which policy made it.
+#[derive(Debug)]
+pub struct Outcome {
+    pub decision: Decision,
+    /// Name of the policy whose decision this is.
+    pub decided_by: String,
+    /// The cluster's policy faulted with this error and the default decided instead.
+    pub fallback_from: Option<PolicyError>,
+}
+
+pub struct PolicyRegistry {
+    default: Arc<LoadedPolicy>,
+    clusters: RwLock<HashMap<String, Arc<ClusterPolicy>>>,
+}
+
+impl PolicyRegistry {
+    pub fn new(default: Arc<LoadedPolicy>) -> Self {
+        PolicyRegistry {
+            default,
+            clusters: RwLock::new(HashMap::new()),
+        }
+    }
+
+    pub fn default_policy(&self) -> &Arc<LoadedPolicy> {
+        &self.default
+    }
+
+    /// Installs (or replaces) a cluster's policy; returns the previous one.
+    pub fn install(
+        &self,
+        cluster: &str,
+        policy: Arc<LoadedPolicy>,
+        on_failure: OnFailure,
+    ) -> Option<Arc<ClusterPolicy>> {
+        let entry = Arc::new(ClusterPolicy { policy, on_failure });
+        self.clusters
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cluster.to_string(), entry)
+    }
+
+    /// Removes a cluster's policy: it then uses the default.
+    pub fn remove(&self, cluster: &str) -> Option<Arc<ClusterPolicy>> {
+        self.clusters
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(cluster)
+    }
+
+    /// The cluster's current policy, or None when it uses the default.
+    pub fn get(&self, cluster: &str) -> Option<Arc<ClusterPolicy>> {
+        self.clusters
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(cluster)
+            .cloned()
+    }
+
+    pub fn decide(
+        &self,
+        cluster: &str,
+        inventory: &Arc<Inventory>,
+        request: &Request,
+    ) -> Result<Outcome, PolicyError> {
+        let Some(entry) = self.get(cluster) else {
+            return self.decide_with_default(inventory, request, None);
+        };
+        match entry.policy.decide(inventory, request) {
+            Ok(decision) => Ok(Outcome {
+                decision,
+                decided_by: entry.policy.name().to_string(),
+                fallback_from: None,
+            }),
+            Err(e) if e.kind.is_fault() && entry.on_failure == OnFailure::FallBackToDefault => {
+                tracing::warn!(cluster, policy = entry.policy.name(), error = %e, "policy faulted; deciding with the default policy");
+                self.decide_with_default(inventory, request, Some(e))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn decide_with_default(
+        &self,
+        inventory: &Arc<Inventory>,
+        request: &Request,
+        fallback_from: Option<PolicyError>,
+    ) -> Result<Outcome, PolicyError> {
+        let decision = self.default.decide(inventory, request)?;
+        Ok(Outcome {
+            decision,
+            decided_by: self.default.name().to_string(),
+            fallback_from,
+        })
+    }
+
+    /// A [`Policy`] bound to one cluster, for the allocation engine.
+    pub fn for_cluster(self: &Arc<Self>, cluster: &str) -> ClusterHandle {
+        ClusterHandle {
+            registry: self.clone(),
+            cluster: cluster.to_string(),
+        }
+    }
+}
+
+pub struct ClusterHandle {
+    registry: Arc<PolicyRegistry>,
+    cluster: String,
+}
+
+impl Policy for ClusterHandle {
+    fn decide(
+        &self,
+        inventory: &Arc<Inventory>,
+        request: &Request,
+    ) -> Result<Decision, PolicyError> {
+        self.registry
+            .decide(&self.cluster, inventory, request)
+            .map(|o| o.decision)
+    }
+}

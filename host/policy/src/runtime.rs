@@ -1,0 +1,322 @@
+//! Every wasmtime type lives here: the engine, compiled components, warm instances and the
+//! limits that keep a hostile policy from hurting the host. The rest of the crate sees plain
+//! Rust and allot-core types.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use allot_core::policy::{Decision, Inventory, Request};
+use allot_core::{PolicyError, PolicyErrorKind};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    Trap,
+};
+
+use crate::Limits;
+use crate::convert;
+
+wasmtime::component::bindgen!({
+    world: "pool-policy",
+    path: "../../wit",
+});
+
+pub(crate) use allot::policy::types as wit;
+
+/// How often the engine's epoch advances; deadlines are whole ticks.
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Log lines a policy may emit per call, and their length; the rest are counted and dropped.
+const MAX_LOG_LINES: usize = 32;
+const MAX_LOG_LINE: usize = 1024;
+
+pub(crate) fn new_engine(limits: &Limits) -> wasmtime::Result<Engine> {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    // Synchronous WIT: no async machinery on the call path (it halves the cost of a call).
+    config.concurrency_support(false);
+    let mut pool = PoolingAllocationConfig::default();
+    let instances = limits.max_instances;
+    pool.total_component_instances(instances)
+        .total_core_instances(instances * 8)
+        .total_memories(instances * 2)
+        .total_tables(instances * 4)
+        // The store limiter enforces the cap with a clear error; the pool's own bound sits above
+        // it so that the limiter is the one that speaks.
+        .max_memory_size(limits.memory_bytes.saturating_add(16 << 20));
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    let engine = Engine::new(&config)?;
+    start_epoch_ticker(&engine);
+    Ok(engine)
+}
+
+/// Advances the epoch every tick for as long as the engine lives.
+fn start_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("allot-policy-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        .expect("spawning the epoch thread");
+}
+
+/// What a store carries: the memory cap and the policy's log lines for the current call.
+pub(crate) struct HostState {
+    policy_name: Arc<str>,
+    memory_cap: usize,
+    memory_cap_hit: Option<usize>,
+    log_lines: usize,
+    last_panic: Option<String>,
+}
+
+impl ResourceLimiter for HostState {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.memory_cap_hit = Some(desired);
+            wasmtime::bail!(
+                "policy tried to grow its memory to {desired} bytes, above the cap of {} bytes",
+                self.memory_cap
+            );
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+impl allot::policy::host::Host for HostState {
+    fn log(&mut self, level: wit::LogLevel, message: String) {
+        if let Some(panic) = message.strip_prefix("panic: ") {
+            self.last_panic = Some(truncate(panic, MAX_LOG_LINE).to_string());
+        }
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES {
+            return;
+        }
+        let message = truncate(&message, MAX_LOG_LINE);
+        let policy = &*self.policy_name;
+        match level {
+            wit::LogLevel::Error => tracing::error!(policy, "{message}"),
+            wit::LogLevel::Warn => tracing::warn!(policy, "{message}"),
+            wit::LogLevel::Info => tracing::info!(policy, "{message}"),
+            wit::LogLevel::Debug => tracing::debug!(policy, "{message}"),
+        }
+    }
+}
+
+impl allot::policy::types::Host for HostState {}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A compiled component, linked and ready to instantiate.
+pub(crate) struct Prepared {
+    engine: Engine,
+    pre: PoolPolicyPre<HostState>,
+    name: Arc<str>,
+    limits: Limits,
+    warm: Mutex<Vec<Warm>>,
+    /// The inventory converted for the guest, shared by every instance of this generation.
+    converted: Mutex<Option<(Arc<Inventory>, Arc<wit::Inventory>)>>,
+}
+
+/// A live instance with the inventory it last loaded.
+struct Warm {
+    store: Store<HostState>,
+    bindings: PoolPolicy,
+    loaded: Option<Arc<Inventory>>,
+}
+
+impl Prepared {
+    pub(crate) fn new(
+        engine: &Engine,
+        component: &Component,
+        name: &str,
+        limits: Limits,
+    ) -> wasmtime::Result<Self> {
+        let mut linker: Linker<HostState> = Linker::new(engine);
+        PoolPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        // A policy built with std may still name WASI functions it never calls (stderr for
+        // panics). They get no capability: calling one traps.
+        linker.define_unknown_imports_as_traps(component)?;
+        let pre = PoolPolicyPre::new(linker.instantiate_pre(component)?)?;
+        Ok(Prepared {
+            engine: engine.clone(),
+            pre,
+            name: name.into(),
+            limits,
+            warm: Mutex::new(Vec::new()),
+            converted: Mutex::new(None),
+        })
+    }
+
+    /// Names of the component's imports other than the allot contract's.
+    pub(crate) fn foreign_imports(engine: &Engine, component: &Component) -> Vec<String> {
+        component
+            .component_type()
+            .imports(engine)
+            .map(|(name, _)| name.to_string())
+            .filter(|name| !name.starts_with("allot:policy/"))
+            .collect()
+    }
+
+    fn new_warm(&self) -> Result<Warm, PolicyError> {
+        let state = HostState {
+            policy_name: self.name.clone(),
+            memory_cap: self.limits.memory_bytes,
+            memory_cap_hit: None,
+            log_lines: 0,
+            last_panic: None,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| s);
+        store.set_epoch_deadline(self.deadline_ticks());
+        store.epoch_deadline_trap();
+        let bindings = self.pre.instantiate(&mut store).map_err(|e| {
+            PolicyError::new(
+                PolicyErrorKind::Load,
+                format!("could not instantiate policy {}: {e:#}", self.name),
+            )
+        })?;
+        Ok(Warm {
+            store,
+            bindings,
+            loaded: None,
+        })
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        (self.limits.deadline.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
+    }
+
+    fn converted(&self, inventory: &Arc<Inventory>) -> Arc<wit::Inventory> {
+        let mut slot = self.converted.lock().unwrap_or_else(|p| p.into_inner());
+        match &*slot {
+            Some((inv, wit)) if Arc::ptr_eq(inv, inventory) => wit.clone(),
+            _ => {
+                let wit = Arc::new(convert::inventory(inventory));
+                *slot = Some((inventory.clone(), wit.clone()));
+                wit
+            }
+        }
+    }
+
+    pub(crate) fn decide(
+        &self,
+        inventory: &Arc<Inventory>,
+        request: &Request,
+    ) -> Result<Decision, PolicyError> {
+        let taken = self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut warm = match taken {
+            Some(w) => w,
+            None => self.new_warm()?,
+        };
+        let started = Instant::now();
+        match self.call(&mut warm, inventory, request) {
+            Ok(verdict) => {
+                self.warm
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(warm);
+                let decision = verdict?;
+                decision.validate(inventory, request)?;
+                Ok(decision)
+            }
+            // A trapped instance may hold any state: discard it.
+            Err(e) => Err(self.classify(&warm, e, started.elapsed())),
+        }
+    }
+
+    /// Ok(verdict) when the guest returned normally; Err on a trap.
+    fn call(
+        &self,
+        warm: &mut Warm,
+        inventory: &Arc<Inventory>,
+        request: &Request,
+    ) -> wasmtime::Result<Result<Decision, PolicyError>> {
+        let state = warm.store.data_mut();
+        state.log_lines = 0;
+        state.last_panic = None;
+        warm.store.set_epoch_deadline(self.deadline_ticks());
+        let guest = warm.bindings.allot_policy_policy();
+        if !warm
+            .loaded
+            .as_ref()
+            .is_some_and(|l| Arc::ptr_eq(l, inventory))
+        {
+            let converted = self.converted(inventory);
+            guest.call_load_inventory(&mut warm.store, &converted)?;
+            warm.loaded = Some(inventory.clone());
+        }
+        let req = convert::request(inventory.generation, request);
+        let verdict = guest.call_decide(&mut warm.store, &req)?;
+        Ok(verdict
+            .map(convert::decision)
+            .map_err(convert::decision_error))
+    }
+
+    fn classify(&self, warm: &Warm, err: wasmtime::Error, elapsed: Duration) -> PolicyError {
+        let name = &self.name;
+        let state = warm.store.data();
+        if let Some(desired) = state.memory_cap_hit {
+            return PolicyError::new(
+                PolicyErrorKind::MemoryLimit,
+                format!(
+                    "policy {name} tried to grow its memory to {desired} bytes, above the cap of {} \
+                     bytes; raise the cap or fix the policy",
+                    self.limits.memory_bytes
+                ),
+            );
+        }
+        if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            return PolicyError::new(
+                PolicyErrorKind::Deadline,
+                format!(
+                    "policy {name} ran past its deadline of {} ms (stopped after {} ms)",
+                    self.limits.deadline.as_millis(),
+                    elapsed.as_millis()
+                ),
+            );
+        }
+        if let Some(panic) = &state.last_panic {
+            return PolicyError::new(
+                PolicyErrorKind::Trap,
+                format!("policy {name} panicked: {panic}"),
+            );
+        }
+        PolicyError::new(
+            PolicyErrorKind::Trap,
+            format!("policy {name} trapped: {err:#}"),
+        )
+    }
+
+    /// Instances kept warm right now (for tests and metrics).
+    pub(crate) fn warm_instances(&self) -> usize {
+        self.warm.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}

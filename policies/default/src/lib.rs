@@ -1,0 +1,456 @@
+//! allot's default pool-selection policy: Spiderpool's documented order, exactly.
+//!
+//! * **acquire**, first rule that applies to the NIC wins: subnet annotation (`subnets` beats
+//!   `subnet`), pool annotation (`ippools` beats `ippool`), namespace default pools, the CNI
+//!   config's default pools (in listed order), the cluster's default pools (`default: true`).
+//! * **filter**: terminating, disabled, wrong family, node (nodeName, nodeAffinity), namespace
+//!   (namespaceName, namespaceAffinity), pod (podAffinity), Multus network, every address
+//!   excluded, every address reserved, exhausted.
+//! * **sort**: PodAffinity > NodeName > NodeAffinity > NamespaceName > NamespaceAffinity >
+//!   MultusName, compared lexicographically; stable, so equal pools keep the user's order.
+//!
+//! Annotations are read under `ipam.allot.dev/` and `ipam.spidernet.io/` (allot's wins), and
+//! the namespace defaults also under the older `defaultv4ippool` / `defaultv6ippool` keys.
+//!
+//! The stages are public so that a custom policy can keep two and replace one; build with the
+//! `component` feature to export this policy as a component.
+
+use std::cmp::Reverse;
+
+use allot_policy_sdk::annotations::{self, Found, Selection};
+use allot_policy_sdk::types::Owner;
+use allot_policy_sdk::{
+    Acquisition, AcquisitionRule, Context, DecisionError, DropReason, FamilyCandidates, IpFamily,
+    Nic, Policy, Pool, Rejection, missing, selector,
+};
+
+/// The interface that `ippool` and `subnet` (the single-NIC annotations) apply to unless they
+/// name one: Kubernetes' primary interface.
+pub const PRIMARY_INTERFACE: &str = "eth0";
+
+pub struct DefaultPolicy;
+
+impl Policy for DefaultPolicy {
+    fn acquire(ctx: &Context, nic: &Nic) -> Result<Acquisition, DecisionError> {
+        acquire(ctx, nic)
+    }
+
+    fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<(), Rejection> {
+        filter(ctx, nic, family, index)
+    }
+
+    fn sort(ctx: &Context, nic: &Nic, family: IpFamily, order: &mut [u32]) {
+        sort(ctx, nic, family, order)
+    }
+}
+
+#[cfg(feature = "component")]
+allot_policy_sdk::export_policy!(DefaultPolicy);
+
+// ---------------------------------------------------------------------------------------------
+// acquire
+
+/// Candidate pools for `nic` by the first rule that applies, plus the `routes` annotation.
+pub fn acquire(ctx: &Context, nic: &Nic) -> Result<Acquisition, DecisionError> {
+    let mut acquisition = match subnet_annotation(ctx, nic)? {
+        Some(a) => a,
+        None => match pool_annotation(ctx, nic)? {
+            Some(a) => a,
+            None => match namespace_default(ctx)? {
+                Some(a) => a,
+                None => match cni_default(ctx) {
+                    Some(a) => a,
+                    None => cluster_default(ctx).ok_or_else(|| no_rule_applies(nic))?,
+                },
+            },
+        },
+    };
+    if let Some(found) = annotations::find(ctx.pod_annotations(), annotations::ROUTES) {
+        acquisition.routes = annotations::routes(found)?;
+    }
+    Ok(acquisition)
+}
+
+fn no_rule_applies(nic: &Nic) -> DecisionError {
+    DecisionError::invalid_input(format!(
+        "no pool is configured for interface {}: annotate the pod with ipam.allot.dev/ippool or \
+         ipam.allot.dev/ippools, annotate its namespace with ipam.allot.dev/default-ipv4-ippool, \
+         set default_ipv4_ippool in the CNI network config, or mark a pool `default: true`",
+        nic.interface
+    ))
+}
+
+/// Position of an interface among the pod's NICs by the Kubernetes/Multus naming convention
+/// (eth0, net1, net2, ...), for `ippools`/`subnets` entries that omit interface names.
+pub fn interface_ordinal(interface: &str) -> Option<usize> {
+    if interface == PRIMARY_INTERFACE {
+        return Some(0);
+    }
+    interface.strip_prefix("net")?.parse().ok()
+}
+
+/// The entry of a per-interface list (`ippools`, `subnets`) that serves `nic`, if any.
+fn entry_for<'s>(list: &'s [Selection], nic: &Nic) -> Option<&'s Selection> {
+    if list.iter().any(|s| s.interface.is_some()) {
+        list.iter()
+            .find(|s| s.interface.as_deref() == Some(nic.interface.as_str()))
+    } else {
+        interface_ordinal(&nic.interface).and_then(|i| list.get(i))
+    }
+}
+
+/// Whether a single selection (`ippool`, `subnet`) serves `nic`.
+fn single_applies(sel: &Selection, nic: &Nic) -> bool {
+    sel.interface.as_deref().unwrap_or(PRIMARY_INTERFACE) == nic.interface
+}
+
+fn per_family(
+    ctx: &Context,
+    rule: AcquisitionRule,
+    source: &str,
+    ipv4: &[String],
+    ipv6: &[String],
+) -> Vec<FamilyCandidates> {
+    [(IpFamily::Ipv4, ipv4), (IpFamily::Ipv6, ipv6)]
+        .into_iter()
+        .filter(|(_, names)| !names.is_empty())
+        .map(|(family, names)| {
+            let resolved = ctx.resolve_pools(names);
+            FamilyCandidates {
+                family,
+                rule,
+                source: source.to_string(),
+                candidates: resolved.candidates,
+                missing: resolved.missing,
+            }
+        })
+        .collect()
+}
+
+/// Rule 1: `subnets` / `subnet`: the auto pools carved from the named Subnets for the pod's
+/// workload. Orphan pods (no owner) have no auto pools, so the rule does not apply to them.
+pub fn subnet_annotation(ctx: &Context, nic: &Nic) -> Result<Option<Acquisition>, DecisionError> {
+    let Some(owner) = &ctx.request.pod.owner else {
+        return Ok(None);
+    };
+    let anns = ctx.pod_annotations();
+    let (found, sel) = if let Some(found) = annotations::find(anns, annotations::SUBNETS) {
+        let list = annotations::selections(found)?;
+        match entry_for(&list, nic) {
+            Some(sel) => (found, sel.clone()),
+            None => return Ok(None),
+        }
+    } else if let Some(found) = annotations::find(anns, annotations::SUBNET) {
+        let sel = annotations::selection(found)?;
+        if !single_applies(&sel, nic) {
+            return Ok(None);
+        }
+        (found, sel)
+    } else {
+        return Ok(None);
+    };
+    let source = format!("pod annotation {}", found.key);
+    let mut families = Vec::new();
+    for (family, names) in [(IpFamily::Ipv4, &sel.ipv4), (IpFamily::Ipv6, &sel.ipv6)] {
+        if names.is_empty() {
+            continue;
+        }
+        let mut fam = FamilyCandidates {
+            family,
+            rule: AcquisitionRule::SubnetAnnotation,
+            source: source.clone(),
+            candidates: Vec::new(),
+            missing: Vec::new(),
+        };
+        for name in names {
+            let subnets: Vec<&str> = if allot_policy_sdk::wildcard::is_pattern(name) {
+                ctx.inventory
+                    .subnets
+                    .iter()
+                    .filter(|s| allot_policy_sdk::wildcard::matches(name, &s.name))
+                    .map(|s| s.name.as_str())
+                    .collect()
+            } else {
+                ctx.subnet(name)
+                    .map(|s| s.name.as_str())
+                    .into_iter()
+                    .collect()
+            };
+            if subnets.is_empty() {
+                fam.missing
+                    .push(missing(name, format!("no Subnet named {name}")));
+                continue;
+            }
+            for subnet in subnets {
+                let auto = auto_pools(ctx, family, subnet, owner);
+                if auto.is_empty() {
+                    return Err(DecisionError::not_ready(format!(
+                        "no auto pool from Subnet {subnet} for {} {}/{} yet: the controller \
+                         creates it from the {} annotation; retry shortly",
+                        owner.kind, ctx.request.pod.namespace, owner.name, found.key
+                    )));
+                }
+                for i in auto {
+                    if !fam.candidates.contains(&i) {
+                        fam.candidates.push(i);
+                    }
+                }
+            }
+        }
+        families.push(fam);
+    }
+    Ok(Some(Acquisition {
+        clean_gateway: sel.cleangateway,
+        routes: Vec::new(),
+        families,
+    }))
+}
+
+fn auto_pools(ctx: &Context, family: IpFamily, subnet: &str, owner: &Owner) -> Vec<u32> {
+    let namespace = &ctx.request.pod.namespace;
+    ctx.pools_where(family, |p| {
+        p.subnet_owner.as_deref() == Some(subnet)
+            && p.application.as_ref().is_some_and(|a| {
+                a.kind == owner.kind && a.name == owner.name && &a.namespace == namespace
+            })
+    })
+}
+
+/// Rule 2: `ippools` / `ippool`.
+pub fn pool_annotation(ctx: &Context, nic: &Nic) -> Result<Option<Acquisition>, DecisionError> {
+    let anns = ctx.pod_annotations();
+    let (found, sel) = if let Some(found) = annotations::find(anns, annotations::IPPOOLS) {
+        let list = annotations::selections(found)?;
+        match entry_for(&list, nic) {
+            Some(sel) => (found, sel.clone()),
+            None => return Ok(None),
+        }
+    } else if let Some(found) = annotations::find(anns, annotations::IPPOOL) {
+        let sel = annotations::selection(found)?;
+        if !single_applies(&sel, nic) {
+            return Ok(None);
+        }
+        (found, sel)
+    } else {
+        return Ok(None);
+    };
+    let source = format!("pod annotation {}", found.key);
+    Ok(Some(Acquisition {
+        clean_gateway: sel.cleangateway,
+        routes: Vec::new(),
+        families: per_family(
+            ctx,
+            AcquisitionRule::PoolAnnotation,
+            &source,
+            &sel.ipv4,
+            &sel.ipv6,
+        ),
+    }))
+}
+
+/// Rule 3: the namespace's `default-ipv4-ippool` / `default-ipv6-ippool` (or the older
+/// `defaultv4ippool` / `defaultv6ippool`).
+pub fn namespace_default(ctx: &Context) -> Result<Option<Acquisition>, DecisionError> {
+    let anns = ctx.namespace_annotations();
+    let lookup = |name: &str, old: &str| -> Result<(Vec<String>, Option<Found>), DecisionError> {
+        match annotations::find(anns, name).or_else(|| annotations::find(anns, old)) {
+            Some(found) => Ok((annotations::name_list(found)?, Some(found))),
+            None => Ok((Vec::new(), None)),
+        }
+    };
+    let (v4, k4) = lookup(annotations::NS_DEFAULT_V4, annotations::NS_DEFAULT_V4_OLD)?;
+    let (v6, k6) = lookup(annotations::NS_DEFAULT_V6, annotations::NS_DEFAULT_V6_OLD)?;
+    if v4.is_empty() && v6.is_empty() {
+        return Ok(None);
+    }
+    let keys: Vec<&str> = [k4, k6].into_iter().flatten().map(|f| f.key).collect();
+    let source = format!(
+        "namespace {} annotation {}",
+        ctx.request.namespace.name,
+        keys.join(", ")
+    );
+    Ok(Some(Acquisition {
+        families: per_family(ctx, AcquisitionRule::NamespaceDefault, &source, &v4, &v6),
+        ..Default::default()
+    }))
+}
+
+/// Rule 4: the CNI network config's `default_ipv4_ippool` / `default_ipv6_ippool`, in order.
+pub fn cni_default(ctx: &Context) -> Option<Acquisition> {
+    let d = &ctx.request.cni_defaults;
+    if d.ipv4.is_empty() && d.ipv6.is_empty() {
+        return None;
+    }
+    Some(Acquisition {
+        families: per_family(
+            ctx,
+            AcquisitionRule::CniDefault,
+            "CNI network config default_ipv4_ippool/default_ipv6_ippool",
+            &d.ipv4,
+            &d.ipv6,
+        ),
+        ..Default::default()
+    })
+}
+
+/// Rule 5: every pool with `default: true`, per family, in name order.
+pub fn cluster_default(ctx: &Context) -> Option<Acquisition> {
+    let families: Vec<FamilyCandidates> = [IpFamily::Ipv4, IpFamily::Ipv6]
+        .into_iter()
+        .filter_map(|family| {
+            let candidates = ctx.pools_where(family, |p| p.default);
+            (!candidates.is_empty()).then(|| FamilyCandidates {
+                family,
+                rule: AcquisitionRule::ClusterDefault,
+                source: "IPPools with default: true".to_string(),
+                candidates,
+                missing: Vec::new(),
+            })
+        })
+        .collect();
+    (!families.is_empty()).then(|| Acquisition {
+        families,
+        ..Default::default()
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// filter
+
+/// The documented filter rules, in order; the first that fails names the reason.
+pub fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<(), Rejection> {
+    let pool = ctx.pool(index);
+    let req = ctx.request;
+    if pool.terminating {
+        return Err(Rejection::new(
+            DropReason::Terminating,
+            "the pool is being deleted",
+        ));
+    }
+    if pool.disable {
+        return Err(Rejection::new(DropReason::Disabled, "spec.disable is true"));
+    }
+    if pool.ip_version != family {
+        return Err(Rejection::new(
+            DropReason::WrongFamily,
+            format!(
+                "the pool is {} but {} was asked",
+                pool.ip_version.name(),
+                family.name()
+            ),
+        ));
+    }
+    if !pool.node_name.is_empty() && !pool.node_name.contains(&req.node.name) {
+        return Err(Rejection::new(
+            DropReason::NodeMismatch,
+            format!(
+                "node {} is not in nodeName {:?}",
+                req.node.name, pool.node_name
+            ),
+        ));
+    }
+    if let Some(sel) = &pool.node_affinity
+        && !selector::matches(sel, ctx.node_labels())
+    {
+        return Err(Rejection::new(
+            DropReason::NodeMismatch,
+            format!("node {} does not match nodeAffinity", req.node.name),
+        ));
+    }
+    if !pool.namespace_name.is_empty() && !pool.namespace_name.contains(&req.namespace.name) {
+        return Err(Rejection::new(
+            DropReason::NamespaceMismatch,
+            format!(
+                "namespace {} is not in namespaceName {:?}",
+                req.namespace.name, pool.namespace_name
+            ),
+        ));
+    }
+    if let Some(sel) = &pool.namespace_affinity
+        && !selector::matches(sel, ctx.namespace_labels())
+    {
+        return Err(Rejection::new(
+            DropReason::NamespaceMismatch,
+            format!(
+                "namespace {} does not match namespaceAffinity",
+                req.namespace.name
+            ),
+        ));
+    }
+    if let Some(sel) = &pool.pod_affinity
+        && !selector::matches(sel, ctx.pod_labels())
+    {
+        return Err(Rejection::new(
+            DropReason::PodMismatch,
+            format!(
+                "pod {}/{} does not match podAffinity",
+                req.pod.namespace, req.pod.name
+            ),
+        ));
+    }
+    if !pool.multus_name.is_empty() && !multus_matches(&pool.multus_name, &nic.multus_name) {
+        let attached = if nic.multus_name.is_empty() {
+            "is not attached through Multus".to_string()
+        } else {
+            format!("is attached through {}", nic.multus_name)
+        };
+        return Err(Rejection::new(
+            DropReason::MultusMismatch,
+            format!(
+                "interface {} {attached}, not {:?}",
+                nic.interface, pool.multus_name
+            ),
+        ));
+    }
+    if pool.all_excluded {
+        return Err(Rejection::new(
+            DropReason::AllExcluded,
+            "every address of ips is in excludeIPs",
+        ));
+    }
+    if pool.all_reserved {
+        return Err(Rejection::new(
+            DropReason::AllReserved,
+            "every address is held by a ReservedIP",
+        ));
+    }
+    if ctx.free(index) == 0 {
+        return Err(Rejection::new(
+            DropReason::Exhausted,
+            format!("no free address left of {}", pool.total_count),
+        ));
+    }
+    Ok(())
+}
+
+/// A `multusName` entry matches the NIC's network "namespace/name" exactly, or by name alone
+/// when the entry has no namespace.
+pub fn multus_matches(allowed: &[String], network: &str) -> bool {
+    if network.is_empty() {
+        return false;
+    }
+    let bare = network.rsplit_once('/').map_or(network, |(_, name)| name);
+    allowed
+        .iter()
+        .any(|a| a == network || (!a.contains('/') && a == bare))
+}
+
+// ---------------------------------------------------------------------------------------------
+// sort
+
+/// The sort key: which affinity properties a pool has, most significant first.
+pub fn sort_key(pool: &Pool) -> [bool; 6] {
+    [
+        pool.pod_affinity.is_some(),
+        !pool.node_name.is_empty(),
+        pool.node_affinity.is_some(),
+        !pool.namespace_name.is_empty(),
+        pool.namespace_affinity.is_some(),
+        !pool.multus_name.is_empty(),
+    ]
+}
+
+/// More specific pools first; stable, so equal pools keep the order the user listed them in.
+pub fn sort(ctx: &Context, _nic: &Nic, _family: IpFamily, order: &mut [u32]) {
+    order.sort_by_key(|&i| Reverse(sort_key(ctx.pool(i))));
+}

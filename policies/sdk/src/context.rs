@@ -1,0 +1,161 @@
+//! What a stage sees: the inventory, the request, and fast lookups built once per inventory.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, DefaultHasher};
+
+use crate::types::{Inventory, IpFamily, Label, Pool, PoolRef, Request, Subnet};
+use crate::wildcard;
+use crate::{DropReason, Dropped};
+
+/// A fixed-key hasher: `RandomState` would import `wasi:random`, and a policy imports nothing but
+/// the host's log function.
+type NameMap = HashMap<String, u32, BuildHasherDefault<DefaultHasher>>;
+
+/// Lookups built once per inventory generation.
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    pub(crate) pools: NameMap,
+    pub(crate) subnets: NameMap,
+}
+
+impl Index {
+    pub(crate) fn new(inventory: &Inventory) -> Self {
+        Index {
+            pools: inventory
+                .pools
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.name.clone(), i as u32))
+                .collect(),
+            subnets: inventory
+                .subnets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.name.clone(), i as u32))
+                .collect(),
+        }
+    }
+}
+
+/// The inventory and request of one decision.
+pub struct Context<'a> {
+    pub inventory: &'a Inventory,
+    pub request: &'a Request,
+    pub(crate) index: &'a Index,
+}
+
+/// Names resolved against the inventory.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Resolved {
+    /// Matching pools, in the order the names were given (a wildcard expands in name order);
+    /// each pool at most once.
+    pub candidates: Vec<u32>,
+    /// Names and patterns that matched nothing, as `not-found` drops.
+    pub missing: Vec<Dropped>,
+}
+
+impl<'a> Context<'a> {
+    pub fn pools(&self) -> &'a [Pool] {
+        &self.inventory.pools
+    }
+
+    pub fn pool(&self, index: u32) -> &'a Pool {
+        &self.inventory.pools[index as usize]
+    }
+
+    pub fn pool_index(&self, name: &str) -> Option<u32> {
+        self.index.pools.get(name).copied()
+    }
+
+    pub fn subnet(&self, name: &str) -> Option<&'a Subnet> {
+        self.index
+            .subnets
+            .get(name)
+            .map(|&i| &self.inventory.subnets[i as usize])
+    }
+
+    /// Free addresses of pool `index` (0 when the host sent no count for it).
+    pub fn free(&self, index: u32) -> u64 {
+        self.request
+            .free_counts
+            .get(index as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn pod_labels(&self) -> &'a [Label] {
+        &self.request.pod.labels
+    }
+
+    pub fn pod_annotations(&self) -> &'a [Label] {
+        &self.request.pod.annotations
+    }
+
+    pub fn namespace_labels(&self) -> &'a [Label] {
+        &self.request.namespace.labels
+    }
+
+    pub fn namespace_annotations(&self) -> &'a [Label] {
+        &self.request.namespace.annotations
+    }
+
+    pub fn node_labels(&self) -> &'a [Label] {
+        &self.request.node.labels
+    }
+
+    /// Resolves pool names and wildcard patterns to indices, keeping the user's order.
+    pub fn resolve_pools<S: AsRef<str>>(&self, names: &[S]) -> Resolved {
+        let mut out = Resolved::default();
+        let mut seen = vec![false; self.inventory.pools.len()];
+        let mut take = |i: u32, out: &mut Resolved| {
+            if !std::mem::replace(&mut seen[i as usize], true) {
+                out.candidates.push(i);
+            }
+        };
+        for name in names {
+            let name = name.as_ref();
+            if wildcard::is_pattern(name) {
+                let before = out.candidates.len();
+                let mut any = false;
+                for (i, p) in self.inventory.pools.iter().enumerate() {
+                    if wildcard::matches(name, &p.name) {
+                        any = true;
+                        take(i as u32, &mut out);
+                    }
+                }
+                if !any && out.candidates.len() == before {
+                    out.missing
+                        .push(missing(name, format!("no IPPool matches pattern {name}")));
+                }
+            } else {
+                match self.pool_index(name) {
+                    Some(i) => take(i, &mut out),
+                    None => out
+                        .missing
+                        .push(missing(name, format!("no IPPool named {name}"))),
+                }
+            }
+        }
+        out
+    }
+
+    /// Indices of pools of `family` for which `keep` holds, in inventory (name) order.
+    pub fn pools_where(&self, family: IpFamily, keep: impl Fn(&Pool) -> bool) -> Vec<u32> {
+        self.inventory
+            .pools
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.ip_version == family && keep(p))
+            .map(|(i, _)| i as u32)
+            .collect()
+    }
+}
+
+/// A `not-found` drop for a name or pattern.
+pub fn missing(name: &str, detail: String) -> Dropped {
+    Dropped {
+        pool: PoolRef::Missing(name.to_string()),
+        reason: DropReason::NotFound,
+        detail,
+    }
+}

@@ -1,0 +1,111 @@
+//! The three-stage pipeline shared by every policy.
+
+use crate::Policy;
+use crate::context::{Context, Index};
+use crate::types::{
+    AcquisitionRule, Decision, DecisionError, DropReason, Dropped, FamilyDecision, Inventory,
+    IpFamily, NicDecision, PoolRef, Request, Route,
+};
+
+/// What [`Policy::acquire`] found for one NIC.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Acquisition {
+    pub clean_gateway: bool,
+    pub routes: Vec<Route>,
+    /// One entry per IP family the NIC should get an address of.
+    pub families: Vec<FamilyCandidates>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FamilyCandidates {
+    pub family: IpFamily,
+    pub rule: AcquisitionRule,
+    /// Where the rule read its pools from, for people reading a trace.
+    pub source: String,
+    pub candidates: Vec<u32>,
+    /// Names that matched nothing (reported as dropped `not-found`).
+    pub missing: Vec<Dropped>,
+}
+
+/// Why [`Policy::filter`] dropped a pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rejection {
+    pub reason: DropReason,
+    pub detail: String,
+}
+
+impl Rejection {
+    pub fn new(reason: DropReason, detail: impl Into<String>) -> Self {
+        Rejection {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// An inventory with its lookups: what a policy instance holds between calls.
+pub struct Loaded {
+    inventory: Inventory,
+    index: Index,
+}
+
+impl Loaded {
+    pub fn new(inventory: Inventory) -> Self {
+        let index = Index::new(&inventory);
+        Loaded { inventory, index }
+    }
+
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// Runs acquire → filter → sort for every NIC of the request.
+    pub fn decide<P: Policy>(&self, request: &Request) -> Result<Decision, DecisionError> {
+        if request.inventory_generation != self.inventory.generation {
+            return Err(DecisionError::internal(format!(
+                "request is for inventory generation {} but generation {} is loaded",
+                request.inventory_generation, self.inventory.generation
+            )));
+        }
+        let ctx = Context {
+            inventory: &self.inventory,
+            request,
+            index: &self.index,
+        };
+        let mut nics = Vec::with_capacity(request.nics.len());
+        for nic in &request.nics {
+            let acquisition = P::acquire(&ctx, nic)?;
+            let mut families = Vec::with_capacity(acquisition.families.len());
+            for fam in acquisition.families {
+                let mut order = Vec::with_capacity(fam.candidates.len());
+                let mut dropped = fam.missing;
+                for &i in &fam.candidates {
+                    match P::filter(&ctx, nic, fam.family, i) {
+                        Ok(()) => order.push(i),
+                        Err(r) => dropped.push(Dropped {
+                            pool: PoolRef::Index(i),
+                            reason: r.reason,
+                            detail: r.detail,
+                        }),
+                    }
+                }
+                P::sort(&ctx, nic, fam.family, &mut order);
+                families.push(FamilyDecision {
+                    family: fam.family,
+                    rule: fam.rule,
+                    source: fam.source,
+                    candidates: fam.candidates,
+                    order,
+                    dropped,
+                });
+            }
+            nics.push(NicDecision {
+                interface: nic.interface.clone(),
+                clean_gateway: acquisition.clean_gateway,
+                routes: acquisition.routes,
+                families,
+            });
+        }
+        Ok(Decision { nics })
+    }
+}
