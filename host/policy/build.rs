@@ -52,7 +52,9 @@ fn main() {
     let target_dir = env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"))
-        .join("wasm-policies");
+        // Not shared with other policies: a policy that reuses the default's stages as a library
+        // builds allot-policy-default without exports into its own target directory's output.
+        .join("wasm-default-policy");
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root)

@@ -1,1 +1,287 @@
-fn main() {}
+//! allotctl: the command people type. `policy test|explain|bench` for policy authors.
+
+mod harness;
+mod scenario;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_core::policy::Policy;
+use allot_policy::{Limits, LoadedPolicy, PolicyEngine, PolicySource, PrecompiledCache, workload};
+use anyhow::{Context as _, bail};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "allotctl",
+    version,
+    about = "Work with allot: test, explain and benchmark pool-selection policies"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Pool-selection policies.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Run scenario files (or directories of them) against a policy.
+    Test {
+        #[command(flatten)]
+        policy: PolicyArgs,
+        /// Scenario files or directories (searched recursively for *.yaml, *.yml).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Print passing scenarios too.
+        #[arg(short, long)]
+        verbose: bool,
+    },
+    /// Print the whole decision trace for one scenario.
+    Explain {
+        #[command(flatten)]
+        policy: PolicyArgs,
+        /// A scenario file (with several documents, pick one with --doc).
+        scenario: PathBuf,
+        /// Which document of a multi-document file (1-based).
+        #[arg(long, default_value_t = 1)]
+        doc: usize,
+    },
+    /// Measure decision latency on a synthetic inventory.
+    Bench {
+        #[command(flatten)]
+        policy: PolicyArgs,
+        /// Pools in the inventory (all cluster defaults, mixed affinities).
+        #[arg(long, default_value_t = 100)]
+        pools: usize,
+        /// Decisions to time (after a warm-up of a tenth as many).
+        #[arg(long, default_value_t = 20_000)]
+        iterations: usize,
+    },
+}
+
+#[derive(Args)]
+struct PolicyArgs {
+    /// A policy component (.wasm); the embedded default policy when omitted.
+    #[arg(long, value_name = "FILE.wasm")]
+    policy: Option<PathBuf>,
+    /// Refuse the policy unless its sha256 is this (hex).
+    #[arg(long, value_name = "HEX")]
+    sha256: Option<String>,
+    /// Wall-clock budget of one policy call, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    deadline_ms: u64,
+    /// Memory a policy instance may use, in MiB.
+    #[arg(long, default_value_t = 64)]
+    memory_mib: usize,
+}
+
+impl PolicyArgs {
+    fn load(&self) -> anyhow::Result<LoadedPolicy> {
+        let limits = Limits {
+            memory_bytes: self.memory_mib << 20,
+            deadline: Duration::from_millis(self.deadline_ms),
+            ..Limits::default()
+        };
+        let engine = PolicyEngine::new(limits, PrecompiledCache::default_location())?;
+        let mut source = match &self.policy {
+            Some(path) => PolicySource::file(path)?,
+            None => PolicySource::embedded_default(),
+        };
+        if let Some(hex) = &self.sha256 {
+            source = source.with_sha256(hex);
+        }
+        Ok(engine.load(&source)?)
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("allotctl: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Policy(PolicyCommand::Test {
+            policy,
+            paths,
+            verbose,
+        }) => test(&policy, &paths, verbose),
+        Command::Policy(PolicyCommand::Explain {
+            policy,
+            scenario,
+            doc,
+        }) => explain(&policy, &scenario, doc),
+        Command::Policy(PolicyCommand::Bench {
+            policy,
+            pools,
+            iterations,
+        }) => bench(&policy, pools, iterations),
+    }
+}
+
+fn test(args: &PolicyArgs, paths: &[PathBuf], verbose: bool) -> anyhow::Result<ExitCode> {
+    let scenarios = scenario::load_all(paths)?;
+    let policy = args.load()?;
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for (n, loaded) in scenarios.iter().enumerate() {
+        let description = loaded
+            .scenario
+            .as_ref()
+            .ok()
+            .and_then(|s| s.description.as_deref())
+            .unwrap_or("");
+        match harness::run(&policy, loaded, n as u64 + 1) {
+            harness::Verdict::Pass => {
+                passed += 1;
+                if verbose {
+                    println!("ok    {}", loaded.label);
+                }
+            }
+            harness::Verdict::Fail(mismatches) => {
+                failed += 1;
+                println!("FAIL  {}", loaded.label);
+                if !description.is_empty() {
+                    println!("    ({})", description.trim());
+                }
+                print!("{}", harness::render_failure(&mismatches));
+            }
+            harness::Verdict::Broken(why) => {
+                failed += 1;
+                println!("FAIL  {}\n    {why}", loaded.label);
+            }
+        }
+    }
+    println!(
+        "policy {} (sha256 {})",
+        policy.name(),
+        &policy.sha256()[..16]
+    );
+    println!("{passed} passed, {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn explain(args: &PolicyArgs, path: &std::path::Path, doc: usize) -> anyhow::Result<ExitCode> {
+    let docs = scenario::load_file(path);
+    let Some(loaded) = docs.get(doc.wrapping_sub(1)) else {
+        bail!(
+            "{} has {} document(s); --doc {doc} is out of range",
+            path.display(),
+            docs.len()
+        );
+    };
+    let scenario = loaded
+        .scenario
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", loaded.label))?;
+    let inputs = scenario
+        .inputs(1)
+        .map_err(|e| anyhow::anyhow!("{}: invalid inventory: {e}", loaded.label))?;
+    let policy = args.load()?;
+    println!("scenario {}", loaded.label);
+    if let Some(d) = &scenario.description {
+        println!("  {}", d.trim());
+    }
+    println!("policy {} (sha256 {})", policy.name(), policy.sha256());
+    let req = &inputs.request;
+    println!(
+        "pod {}/{} on node {}, {} pools in the inventory",
+        req.pod.namespace,
+        req.pod.name,
+        req.node.name,
+        inputs.inventory.pools.len()
+    );
+    let result = policy.decide(&inputs.inventory, req);
+    print!("{}", harness::explain(&inputs.inventory, req, &result));
+    let verdict = harness::compare(&scenario.expect, &inputs.inventory, &result);
+    if verdict.is_empty() {
+        println!("expectations: met");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("expectations: NOT met");
+        print!("{}", harness::render_failure(&verdict));
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+fn bench(args: &PolicyArgs, pools: usize, iterations: usize) -> anyhow::Result<ExitCode> {
+    if pools == 0 || iterations == 0 {
+        bail!("--pools and --iterations must be at least 1");
+    }
+    let load_started = Instant::now();
+    let policy = args.load()?;
+    let load_time = load_started.elapsed();
+    let inventory = Arc::new(workload::inventory(pools));
+    let request = workload::request(&inventory);
+    // The first call instantiates and pushes the inventory; report it apart.
+    let first_started = Instant::now();
+    let decision = policy
+        .decide(&inventory, &request)
+        .context("the first decision failed")?;
+    let first = first_started.elapsed();
+    for _ in 0..iterations / 10 {
+        policy.decide(&inventory, &request)?;
+    }
+    let mut samples = Vec::with_capacity(iterations);
+    let started = Instant::now();
+    for _ in 0..iterations {
+        let t = Instant::now();
+        std::hint::black_box(policy.decide(&inventory, &request)?);
+        samples.push(t.elapsed());
+    }
+    let total = started.elapsed();
+    samples.sort_unstable();
+    let pct = |p: f64| samples[((samples.len() - 1) as f64 * p).round() as usize];
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let order_len = decision.nics[0]
+        .families
+        .first()
+        .map_or(0, |f| f.order.len());
+    println!(
+        "policy {} (sha256 {}, {} in {:.1} ms)",
+        policy.name(),
+        &policy.sha256()[..16],
+        if policy.from_cache() {
+            "loaded from cache"
+        } else {
+            "compiled"
+        },
+        load_time.as_secs_f64() * 1e3
+    );
+    println!("{pools} pools ({order_len} survive filtering), {iterations} decisions");
+    println!(
+        "first decision (instantiate + load inventory): {:.1} µs",
+        us(first)
+    );
+    println!(
+        "p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs  max {:.1} µs  {:.0} decisions/s",
+        us(pct(0.50)),
+        us(pct(0.90)),
+        us(pct(0.99)),
+        us(*samples.last().expect("iterations >= 1")),
+        iterations as f64 / total.as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}

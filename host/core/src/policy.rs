@@ -1,7 +1,7 @@
 //! The policy seam: the data a pool-selection policy sees and the decision it returns, mirroring
 //! `wit/policy.wit`, and the [`Policy`] trait that the wasmtime host implements.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -404,9 +404,8 @@ impl Decision {
                     nic.routes.len()
                 ));
             }
-            let mut families = HashSet::new();
-            for fam in &nic.families {
-                if !families.insert(fam.family) {
+            for (n, fam) in nic.families.iter().enumerate() {
+                if nic.families[..n].iter().any(|f| f.family == fam.family) {
                     return bad(format!(
                         "policy decided {} twice for {}",
                         fam.family, nic.interface
@@ -431,16 +430,20 @@ impl Decision {
                         fam.candidates.len()
                     ));
                 }
-                let candidates: HashSet<u32> = fam.candidates.iter().copied().collect();
-                let mut seen = HashSet::with_capacity(fam.order.len());
+                // Bitmaps over the inventory: this runs on every allocation.
+                let mut is_candidate = vec![false; pool_count];
+                for &i in &fam.candidates {
+                    is_candidate[i as usize] = true;
+                }
+                let mut seen = vec![false; pool_count];
                 for &i in &fam.order {
-                    if !seen.insert(i) {
+                    if std::mem::replace(&mut seen[i as usize], true) {
                         return bad(format!(
                             "policy listed pool {} twice in its order",
                             inventory.pools[i as usize].name
                         ));
                     }
-                    if !candidates.contains(&i) {
+                    if !is_candidate[i as usize] {
                         return bad(format!(
                             "policy ordered pool {} which is not among its candidates",
                             inventory.pools[i as usize].name
@@ -488,6 +491,86 @@ impl Decision {
             }
         }
         Ok(())
+    }
+}
+
+/// Why a pool was dropped, in words: the policy's own detail when it gave one, else a
+/// description of the standard reason from the pool's spec and the request.
+pub fn describe_drop(
+    inventory: &Inventory,
+    request: &Request,
+    interface: &str,
+    dropped: &Dropped,
+) -> String {
+    if !dropped.detail.is_empty() {
+        return dropped.detail.clone();
+    }
+    let pool = match &dropped.pool {
+        PoolRef::Index(i) => inventory.pools.get(*i as usize),
+        PoolRef::Missing(name) => return format!("no IPPool named {name}"),
+    };
+    let Some(pool) = pool else {
+        return dropped.reason.as_str().to_string();
+    };
+    let spec = &pool.spec;
+    match dropped.reason {
+        DropReason::NotFound => format!("no IPPool named {}", pool.name),
+        DropReason::Terminating => "the pool is being deleted".into(),
+        DropReason::Disabled => "spec.disable is true".into(),
+        DropReason::WrongFamily => format!("the pool is {}", pool.family),
+        DropReason::NodeMismatch
+            if !spec.node_name.is_empty() && !spec.node_name.contains(&request.node.name) =>
+        {
+            format!(
+                "node {} is not in nodeName {:?}",
+                request.node.name, spec.node_name
+            )
+        }
+        DropReason::NodeMismatch => {
+            format!("node {} does not match nodeAffinity", request.node.name)
+        }
+        DropReason::NamespaceMismatch
+            if !spec.namespace_name.is_empty()
+                && !spec.namespace_name.contains(&request.namespace.name) =>
+        {
+            format!(
+                "namespace {} is not in namespaceName {:?}",
+                request.namespace.name, spec.namespace_name
+            )
+        }
+        DropReason::NamespaceMismatch => {
+            format!(
+                "namespace {} does not match namespaceAffinity",
+                request.namespace.name
+            )
+        }
+        DropReason::PodMismatch => format!(
+            "pod {}/{} does not match podAffinity",
+            request.pod.namespace, request.pod.name
+        ),
+        DropReason::MultusMismatch => {
+            let multus = request
+                .nics
+                .iter()
+                .find(|n| n.interface == interface)
+                .map(|n| n.multus_name.as_str())
+                .unwrap_or("");
+            if multus.is_empty() {
+                format!(
+                    "interface {interface} is not attached through Multus; the pool wants {:?}",
+                    spec.multus_name
+                )
+            } else {
+                format!(
+                    "interface {interface} is attached through {multus}, not {:?}",
+                    spec.multus_name
+                )
+            }
+        }
+        DropReason::AllExcluded => "every address of ips is in excludeIPs".into(),
+        DropReason::AllReserved => "every address is held by a ReservedIP".into(),
+        DropReason::Exhausted => format!("no free address left of {}", pool.total_count),
+        DropReason::Other => "dropped by the policy".into(),
     }
 }
 

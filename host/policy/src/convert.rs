@@ -236,7 +236,7 @@ pub(crate) fn decision_error(e: wit::DecisionError) -> PolicyError {
             end -= 1;
         }
         message.truncate(end);
-        message.push_str("…");
+        message.push('…');
     }
     PolicyError::new(kind, message)
 }

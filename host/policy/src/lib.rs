@@ -11,6 +11,7 @@ mod cache;
 mod convert;
 mod registry;
 mod runtime;
+pub mod workload;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

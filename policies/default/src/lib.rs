@@ -318,107 +318,54 @@ pub fn cluster_default(ctx: &Context) -> Option<Acquisition> {
 // filter
 
 /// The documented filter rules, in order; the first that fails names the reason.
+///
+/// Standard reasons carry no detail: the host describes them from the pool and the request when
+/// someone reads the trace, so the hot path formats no strings.
 pub fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<(), Rejection> {
     let pool = ctx.pool(index);
     let req = ctx.request;
+    let reject = |reason| Err(Rejection::standard(reason));
     if pool.terminating {
-        return Err(Rejection::new(
-            DropReason::Terminating,
-            "the pool is being deleted",
-        ));
+        return reject(DropReason::Terminating);
     }
     if pool.disable {
-        return Err(Rejection::new(DropReason::Disabled, "spec.disable is true"));
+        return reject(DropReason::Disabled);
     }
     if pool.ip_version != family {
-        return Err(Rejection::new(
-            DropReason::WrongFamily,
-            format!(
-                "the pool is {} but {} was asked",
-                pool.ip_version.name(),
-                family.name()
-            ),
-        ));
+        return reject(DropReason::WrongFamily);
     }
     if !pool.node_name.is_empty() && !pool.node_name.contains(&req.node.name) {
-        return Err(Rejection::new(
-            DropReason::NodeMismatch,
-            format!(
-                "node {} is not in nodeName {:?}",
-                req.node.name, pool.node_name
-            ),
-        ));
+        return reject(DropReason::NodeMismatch);
     }
     if let Some(sel) = &pool.node_affinity
         && !selector::matches(sel, ctx.node_labels())
     {
-        return Err(Rejection::new(
-            DropReason::NodeMismatch,
-            format!("node {} does not match nodeAffinity", req.node.name),
-        ));
+        return reject(DropReason::NodeMismatch);
     }
     if !pool.namespace_name.is_empty() && !pool.namespace_name.contains(&req.namespace.name) {
-        return Err(Rejection::new(
-            DropReason::NamespaceMismatch,
-            format!(
-                "namespace {} is not in namespaceName {:?}",
-                req.namespace.name, pool.namespace_name
-            ),
-        ));
+        return reject(DropReason::NamespaceMismatch);
     }
     if let Some(sel) = &pool.namespace_affinity
         && !selector::matches(sel, ctx.namespace_labels())
     {
-        return Err(Rejection::new(
-            DropReason::NamespaceMismatch,
-            format!(
-                "namespace {} does not match namespaceAffinity",
-                req.namespace.name
-            ),
-        ));
+        return reject(DropReason::NamespaceMismatch);
     }
     if let Some(sel) = &pool.pod_affinity
         && !selector::matches(sel, ctx.pod_labels())
     {
-        return Err(Rejection::new(
-            DropReason::PodMismatch,
-            format!(
-                "pod {}/{} does not match podAffinity",
-                req.pod.namespace, req.pod.name
-            ),
-        ));
+        return reject(DropReason::PodMismatch);
     }
     if !pool.multus_name.is_empty() && !multus_matches(&pool.multus_name, &nic.multus_name) {
-        let attached = if nic.multus_name.is_empty() {
-            "is not attached through Multus".to_string()
-        } else {
-            format!("is attached through {}", nic.multus_name)
-        };
-        return Err(Rejection::new(
-            DropReason::MultusMismatch,
-            format!(
-                "interface {} {attached}, not {:?}",
-                nic.interface, pool.multus_name
-            ),
-        ));
+        return reject(DropReason::MultusMismatch);
     }
     if pool.all_excluded {
-        return Err(Rejection::new(
-            DropReason::AllExcluded,
-            "every address of ips is in excludeIPs",
-        ));
+        return reject(DropReason::AllExcluded);
     }
     if pool.all_reserved {
-        return Err(Rejection::new(
-            DropReason::AllReserved,
-            "every address is held by a ReservedIP",
-        ));
+        return reject(DropReason::AllReserved);
     }
     if ctx.free(index) == 0 {
-        return Err(Rejection::new(
-            DropReason::Exhausted,
-            format!("no free address left of {}", pool.total_count),
-        ));
+        return reject(DropReason::Exhausted);
     }
     Ok(())
 }
@@ -452,5 +399,6 @@ pub fn sort_key(pool: &Pool) -> [bool; 6] {
 
 /// More specific pools first; stable, so equal pools keep the order the user listed them in.
 pub fn sort(ctx: &Context, _nic: &Nic, _family: IpFamily, order: &mut [u32]) {
-    order.sort_by_key(|&i| Reverse(sort_key(ctx.pool(i))));
+    // Each key is computed once (not per comparison); sort_by_cached_key is stable.
+    order.sort_by_cached_key(|&i| Reverse(sort_key(ctx.pool(i))));
 }

@@ -57,6 +57,66 @@ fn parse_json<T: DeserializeOwned>(found: Found, example: &str) -> Result<T, Dec
     serde_json::from_str(found.value).map_err(|e| malformed(found.key, e, example))
 }
 
+/// serde reads a struct from a JSON array too (fields by position), so a value like
+/// `["eth0",["pool-a"]]` would pass for `{"interface":"eth0","ipv4":["pool-a"]}`: require objects.
+fn require_object(
+    key: &str,
+    value: &serde_json::Value,
+    example: &str,
+) -> Result<(), DecisionError> {
+    if value.is_object() {
+        Ok(())
+    } else {
+        Err(malformed(
+            key,
+            format_args!("expected a JSON object, found {}", json_kind(value)),
+            example,
+        ))
+    }
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Parses a JSON object, or a list of JSON objects, into `T`.
+fn parse_objects<T: DeserializeOwned>(
+    found: Found,
+    example: &str,
+    list: bool,
+) -> Result<T, DecisionError> {
+    let value: serde_json::Value = parse_json(found, example)?;
+    if list {
+        match &value {
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    require_object(found.key, item, example)?;
+                }
+            }
+            other => {
+                return Err(malformed(
+                    found.key,
+                    format_args!(
+                        "expected a JSON array of objects, found {}",
+                        json_kind(other)
+                    ),
+                    example,
+                ));
+            }
+        }
+    } else {
+        require_object(found.key, &value, example)?;
+    }
+    serde_json::from_value(value).map_err(|e| malformed(found.key, e, example))
+}
+
 /// The value of `ippool` / `subnet`, or one entry of `ippools` / `subnets`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -109,7 +169,7 @@ fn check_names(key: &str, sel: &Selection, example: &str) -> Result<(), Decision
 
 /// Parses a single selection (`ippool`, `subnet`).
 pub fn selection(found: Found) -> Result<Selection, DecisionError> {
-    let sel: Selection = parse_json(found, SELECTION_EXAMPLE)?;
+    let sel: Selection = parse_objects(found, SELECTION_EXAMPLE, false)?;
     check_names(found.key, &sel, SELECTION_EXAMPLE)?;
     Ok(sel)
 }
@@ -117,7 +177,7 @@ pub fn selection(found: Found) -> Result<Selection, DecisionError> {
 /// Parses a per-interface list (`ippools`, `subnets`): interface names are all given or all
 /// omitted, and never repeated.
 pub fn selections(found: Found) -> Result<Vec<Selection>, DecisionError> {
-    let list: Vec<Selection> = parse_json(found, SELECTIONS_EXAMPLE)?;
+    let list: Vec<Selection> = parse_objects(found, SELECTIONS_EXAMPLE, true)?;
     if list.is_empty() {
         return Err(malformed(
             found.key,
@@ -169,7 +229,7 @@ pub fn routes(found: Found) -> Result<Vec<Route>, DecisionError> {
         dst: String,
         gw: String,
     }
-    let list: Vec<R> = parse_json(found, EXAMPLE)?;
+    let list: Vec<R> = parse_objects(found, EXAMPLE, true)?;
     list.into_iter()
         .map(|r| {
             let gw: std::net::IpAddr = r.gw.parse().map_err(|_| {
@@ -285,6 +345,44 @@ mod tests {
         )]);
         let err = routes(find(&a, ROUTES).unwrap()).unwrap_err();
         assert!(err.message.contains("same family"), "{}", err.message);
+    }
+
+    #[test]
+    fn arrays_in_place_of_objects_are_rejected() {
+        let a = anns(&[("ipam.allot.dev/ippool", r#"["eth0",["pool-a"],[],true]"#)]);
+        let err = selection(find(&a, IPPOOL).unwrap()).unwrap_err();
+        assert!(
+            err.message
+                .contains("expected a JSON object, found an array"),
+            "{}",
+            err.message
+        );
+        let a = anns(&[("ipam.allot.dev/ippools", r#"[["eth0",["pool-a"]]]"#)]);
+        let err = selections(find(&a, IPPOOLS).unwrap()).unwrap_err();
+        assert!(
+            err.message
+                .contains("expected a JSON object, found an array"),
+            "{}",
+            err.message
+        );
+        let a = anns(&[("ipam.allot.dev/routes", r#"[["10.0.0.0/16","10.6.0.1"]]"#)]);
+        let err = routes(find(&a, ROUTES).unwrap()).unwrap_err();
+        assert!(
+            err.message.contains("expected a JSON object"),
+            "{}",
+            err.message
+        );
+        let a = anns(&[(
+            "ipam.allot.dev/ippools",
+            r#"{"interface":"eth0","ipv4":["a"]}"#,
+        )]);
+        let err = selections(find(&a, IPPOOLS).unwrap()).unwrap_err();
+        assert!(
+            err.message
+                .contains("expected a JSON array of objects, found an object"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub mod types {
     pub use crate::bindings::allot::policy::types::*;
 }
 
+/// Sends panic messages through the host's log so the host can name them in its error. Done by
+/// [`export_policy!`]; call it yourself when implementing the raw bindings' `Guest` trait.
+pub use __runtime::install_panic_hook;
 pub use context::{Context, Resolved, missing};
 pub use pipeline::{Acquisition, FamilyCandidates, Loaded, Rejection};
 pub use types::{
@@ -134,7 +137,7 @@ pub mod __runtime {
         static LOADED: RefCell<Option<Loaded>> = const { RefCell::new(None) };
     }
 
-    fn install_panic_hook() {
+    pub fn install_panic_hook() {
         static ONCE: std::sync::Once = std::sync::Once::new();
         // The host has no stderr to show; send the panic message through the log import so the
         // host can name it in the error it reports.

@@ -35,6 +35,16 @@ pub struct Rejection {
 }
 
 impl Rejection {
+    /// A standard reason without detail: the host describes it from the pool and the request
+    /// when the trace is read (an error, `allotctl policy explain`), so deciding formats nothing.
+    pub fn standard(reason: DropReason) -> Self {
+        Rejection {
+            reason,
+            detail: String::new(),
+        }
+    }
+
+    /// A reason with the policy's own explanation (use it for `DropReason::Other`).
     pub fn new(reason: DropReason, detail: impl Into<String>) -> Self {
         Rejection {
             reason,

@@ -1,0 +1,223 @@
+//! Loading, digests, the precompiled cache, the registry's hot swap and fallback, concurrency.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_core::PolicyErrorKind;
+use allot_core::policy::Policy;
+use allot_policy::{
+    Limits, LoadError, OnFailure, PolicyEngine, PolicyRegistry, PolicySource, PrecompiledCache,
+    sha256_hex,
+};
+
+fn engine() -> PolicyEngine {
+    PolicyEngine::new(Limits::default(), None).unwrap()
+}
+
+#[test]
+fn digest_is_verified_before_loading() {
+    let wasm = common::hostile_wasm();
+    let good = sha256_hex(&wasm);
+    let e = engine();
+    let err = e
+        .load(&PolicySource::bytes("hostile", wasm.clone()).with_sha256("00".repeat(32)))
+        .unwrap_err();
+    assert!(matches!(err, LoadError::DigestMismatch { .. }), "{err}");
+    assert!(err.to_string().contains(&good), "{err}");
+    let loaded = e
+        .load(&PolicySource::bytes("hostile", wasm).with_sha256(good.to_uppercase()))
+        .unwrap();
+    assert_eq!(loaded.sha256(), good);
+}
+
+#[test]
+fn garbage_is_a_clear_load_error() {
+    let err = engine()
+        .load(&PolicySource::bytes(
+            "garbage",
+            b"\0asm\x01\0\0\0not really".to_vec(),
+        ))
+        .unwrap_err();
+    assert!(matches!(err, LoadError::Compile { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("policy garbage is not a valid component"),
+        "{err}"
+    );
+    let err = PolicySource::file("/nonexistent/policy.wasm").unwrap_err();
+    assert!(
+        err.to_string().contains("/nonexistent/policy.wasm"),
+        "{err}"
+    );
+}
+
+#[test]
+fn precompiled_cache_reloads_without_compiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = dir.path().join("cache");
+    let e = PolicyEngine::new(Limits::default(), Some(PrecompiledCache::new(&cache_dir))).unwrap();
+    let first = e.load(&PolicySource::embedded_default()).unwrap();
+    assert!(!first.from_cache());
+    assert_eq!(
+        std::fs::metadata(&cache_dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let started = Instant::now();
+    let second = e.load(&PolicySource::embedded_default()).unwrap();
+    let reload = started.elapsed();
+    assert!(second.from_cache());
+    eprintln!("reload from cache took {reload:?}");
+    let inv = common::inventory(2);
+    assert!(second.decide(&inv, &common::request(&inv)).is_ok());
+
+    // A cache directory others can write is not trusted.
+    std::fs::set_permissions(&cache_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(
+        !e.load(&PolicySource::embedded_default())
+            .unwrap()
+            .from_cache()
+    );
+}
+
+#[test]
+fn a_corrupt_cache_entry_is_discarded_and_recompiled() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = PrecompiledCache::new(dir.path().join("c"));
+    let e = PolicyEngine::new(Limits::default(), Some(cache.clone())).unwrap();
+    e.load(&PolicySource::embedded_default()).unwrap();
+    for entry in std::fs::read_dir(cache.dir()).unwrap() {
+        std::fs::write(entry.unwrap().path(), b"corrupt").unwrap();
+    }
+    let again = e.load(&PolicySource::embedded_default()).unwrap();
+    assert!(!again.from_cache());
+}
+
+fn hostile_mode(mode: &str) -> allot_core::policy::Request {
+    let inv = common::inventory(3);
+    let mut req = common::request(&inv);
+    req.pod.annotations = BTreeMap::from([("hostile.allot.dev/mode".into(), mode.into())]);
+    req
+}
+
+#[test]
+fn registry_falls_back_to_the_default_only_when_asked_and_only_on_faults() {
+    let e = engine();
+    let default = Arc::new(e.load(&PolicySource::embedded_default()).unwrap());
+    let hostile = Arc::new(
+        e.load(&PolicySource::bytes("hostile", common::hostile_wasm()))
+            .unwrap(),
+    );
+    let registry = PolicyRegistry::new(default);
+    registry.install("strict", hostile.clone(), OnFailure::Fail);
+    registry.install("lenient", hostile, OnFailure::FallBackToDefault);
+    let inv = common::inventory(3);
+
+    let err = registry
+        .decide("strict", &inv, &hostile_mode("panic"))
+        .unwrap_err();
+    assert_eq!(err.kind, PolicyErrorKind::Trap);
+
+    let outcome = registry
+        .decide("lenient", &inv, &hostile_mode("panic"))
+        .unwrap();
+    assert_eq!(outcome.decided_by, "default");
+    assert_eq!(outcome.fallback_from.unwrap().kind, PolicyErrorKind::Trap);
+    assert_eq!(outcome.decision.nics[0].families[0].order, vec![0, 1, 2]);
+
+    // A verdict about the input is not a fault: no fallback.
+    let err = registry
+        .decide("lenient", &inv, &hostile_mode("error"))
+        .unwrap_err();
+    assert_eq!(err.kind, PolicyErrorKind::InvalidInput);
+
+    // Unknown clusters use the default policy.
+    assert_eq!(
+        registry
+            .decide("other", &inv, &common::request(&inv))
+            .unwrap()
+            .decided_by,
+        "default"
+    );
+}
+
+#[test]
+fn hot_swap_lets_in_flight_calls_finish_on_the_old_policy() {
+    // A deadline far above the busy call's length, so load on the machine cannot turn it into
+    // a deadline error.
+    let e = PolicyEngine::new(
+        Limits {
+            deadline: Duration::from_secs(10),
+            ..Limits::default()
+        },
+        None,
+    )
+    .unwrap();
+    let default = Arc::new(e.load(&PolicySource::embedded_default()).unwrap());
+    let hostile = Arc::new(
+        e.load(&PolicySource::bytes("hostile", common::hostile_wasm()))
+            .unwrap(),
+    );
+    let registry = Arc::new(PolicyRegistry::new(default.clone()));
+    registry.install("c1", hostile, OnFailure::Fail);
+    let inv = common::inventory(3);
+
+    let started = Arc::new(std::sync::Barrier::new(2));
+    let in_flight = {
+        let (registry, inv, started) = (registry.clone(), inv.clone(), started.clone());
+        std::thread::spawn(move || {
+            started.wait();
+            registry.decide("c1", &inv, &hostile_mode("busy-30ms"))
+        })
+    };
+    started.wait();
+    std::thread::sleep(Duration::from_millis(5));
+    let old = registry.install("c1", default, OnFailure::Fail).unwrap();
+    assert!(
+        !in_flight.is_finished(),
+        "the busy call must still be running when the swap happens"
+    );
+    assert_eq!(old.policy.name(), "hostile");
+    let outcome = in_flight.join().unwrap().unwrap();
+    assert_eq!(
+        outcome.decided_by, "hostile",
+        "the call that started on the old policy ends on it"
+    );
+    let after = registry.decide("c1", &inv, &common::request(&inv)).unwrap();
+    assert_eq!(after.decided_by, "default");
+}
+
+#[test]
+fn concurrent_calls_each_get_an_instance() {
+    let e = engine();
+    let policy = Arc::new(e.load(&PolicySource::embedded_default()).unwrap());
+    let inv = common::inventory(50);
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (policy, inv) = (policy.clone(), inv.clone());
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    let d = policy.decide(&inv, &common::request(&inv)).unwrap();
+                    assert_eq!(d.nics[0].families[0].order.len(), 50);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!((1..=8).contains(&policy.warm_instances()));
+}
+
+#[test]
+fn free_counts_must_match_the_inventory() {
+    let policy = engine().load(&PolicySource::embedded_default()).unwrap();
+    let inv = common::inventory(3);
+    let mut req = common::request(&inv);
+    req.free_counts.pop();
+    let err = policy.decide(&inv, &req).unwrap_err();
+    assert_eq!(err.kind, PolicyErrorKind::Internal);
+}
