@@ -199,10 +199,9 @@ impl AddrSet {
 
     /// Number of addresses, saturating at `u64::MAX` (an IPv6 /0 holds 2^128).
     pub fn len(&self) -> u64 {
-        let total: u128 = self
-            .ranges
-            .iter()
-            .fold(0u128, |acc, (lo, hi)| acc.saturating_add(hi - lo + 1));
+        let total: u128 = self.ranges.iter().fold(0u128, |acc, (lo, hi)| {
+            acc.saturating_add((hi - lo).saturating_add(1))
+        });
         u64::try_from(total).unwrap_or(u64::MAX)
     }
 

@@ -79,6 +79,56 @@ fn main() {
             w50.as_secs_f64() / n50.as_secs_f64()
         );
     }
+    deadline_overrun();
+}
+
+/// How long past its deadline a looping policy runs, and what the next call then costs.
+fn deadline_overrun() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/wasm-policies/wasm32-wasip2/release/hostile_policy.wasm");
+    let Ok(wasm) = std::fs::read(&path) else {
+        println!("(deadline overrun not measured: build the hostile fixture with `make policies`)");
+        return;
+    };
+    let deadline = Duration::from_millis(50);
+    let limits = Limits {
+        deadline,
+        ..Limits::default()
+    };
+    let engine = PolicyEngine::new(limits, None).expect("engine");
+    let hostile = engine
+        .load(&PolicySource::bytes("hostile", wasm))
+        .expect("hostile fixture");
+    let inventory = Arc::new(workload::inventory(10));
+    let good = workload::request(&inventory);
+    let mut looping = good.clone();
+    looping
+        .pod
+        .annotations
+        .insert("hostile.allot.dev/mode".into(), "loop".into());
+    let mut overruns = Vec::new();
+    let mut recoveries = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let err = hostile
+            .decide(&inventory, &looping)
+            .expect_err("the loop must be stopped");
+        assert_eq!(err.kind, allot_core::PolicyErrorKind::Deadline);
+        overruns.push(t.elapsed().saturating_sub(deadline));
+        let t = Instant::now();
+        hostile
+            .decide(&inventory, &good)
+            .expect("the next call succeeds");
+        recoveries.push(t.elapsed());
+    }
+    overruns.sort_unstable();
+    recoveries.sort_unstable();
+    println!(
+        "looping policy, deadline 50 ms: stopped {:.2} ms past it (p50), {:.2} ms (max); next call {:.0} µs (p50, new instance)",
+        pct(&overruns, 0.5).as_secs_f64() * 1e3,
+        overruns.last().unwrap().as_secs_f64() * 1e3,
+        us(pct(&recoveries, 0.5))
+    );
 }
 
 fn measure(iterations: usize, mut f: impl FnMut()) -> Vec<Duration> {

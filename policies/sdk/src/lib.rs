@@ -107,21 +107,27 @@ impl IpFamily {
 #[macro_export]
 macro_rules! export_policy {
     ($policy:ty) => {
-        struct __AllotPolicyExport;
+        // Component exports exist only in the wasm32 build; natively (unit tests, benchmarks)
+        // the policy is a plain library and its export names would not even link.
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            struct __AllotPolicyExport;
 
-        impl $crate::bindings::exports::allot::policy::policy::Guest for __AllotPolicyExport {
-            fn load_inventory(inventory: $crate::types::Inventory) {
-                $crate::__runtime::load_inventory(inventory)
+            impl $crate::bindings::exports::allot::policy::policy::Guest for __AllotPolicyExport {
+                fn load_inventory(inventory: $crate::types::Inventory) {
+                    $crate::__runtime::load_inventory(inventory)
+                }
+
+                fn decide(
+                    request: $crate::types::Request,
+                ) -> ::core::result::Result<$crate::types::Decision, $crate::types::DecisionError>
+                {
+                    $crate::__runtime::decide::<$policy>(request)
+                }
             }
 
-            fn decide(
-                request: $crate::types::Request,
-            ) -> ::core::result::Result<$crate::types::Decision, $crate::types::DecisionError> {
-                $crate::__runtime::decide::<$policy>(request)
-            }
-        }
-
-        $crate::bindings::__export_guest!(__AllotPolicyExport);
+            $crate::bindings::__export_guest!(__AllotPolicyExport);
+        };
     };
 }
 

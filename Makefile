@@ -1,0 +1,45 @@
+# The two commands of the README: `make run` and `make test`. Both set themselves up.
+# Everything builds once, in the release profile, and the tests reuse those artifacts.
+
+CARGO        ?= cargo
+WASM_DIR     := target/wasm-policies
+WASM_OUT     := $(WASM_DIR)/wasm32-wasip2/release
+ALLOTCTL     := target/release/allotctl
+
+.PHONY: run test setup build policies lint scenarios unit bench
+
+# The main job. Until the node agent lands, this runs the policy harness over the shipped
+# scenarios with the embedded default policy and explains one decision in full.
+run: build
+	$(ALLOTCTL) policy test examples/scenarios
+	$(ALLOTCTL) policy explain examples/scenarios/sort/documented-example-3.yaml
+
+# The whole test suite, as CI runs it (.ci/run).
+test: lint build policies scenarios unit
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	$(CARGO) build --release --locked
+
+# Policies the tests load: the hostile fixture and the zone-aware example. (The default policy
+# is built and embedded by host/policy's build script.)
+policies: setup
+	$(CARGO) build --release --locked --target wasm32-wasip2 --target-dir $(WASM_DIR) \
+		-p hostile-policy -p zone-aware
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
+
+scenarios: build policies
+	$(ALLOTCTL) policy test examples/scenarios
+	$(ALLOTCTL) policy test --policy $(WASM_OUT)/zone_aware.wasm examples/policies/zone-aware/scenarios
+
+unit: policies
+	$(CARGO) nextest run --release --locked --workspace
+
+bench: build
+	$(CARGO) bench --locked -p allot-policy --bench decision
+	$(ALLOTCTL) policy bench --pools 1000 --iterations 20000

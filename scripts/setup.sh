@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building and testing allot needs on a fresh machine; quick when all is there.
+set -euo pipefail
+
+if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
+    echo "setup: installing the wasm32-wasip2 Rust target (policies are WebAssembly components)"
+    rustup target add wasm32-wasip2
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "setup: installing cargo-nextest"
+    cargo install --locked cargo-nextest
+fi
+
+# Debian packages the tests use. Each line: the command that proves it is installed, the package.
+missing=()
+while read -r probe package; do
+    [ -z "$probe" ] && continue
+    if ! command -v "$probe" >/dev/null 2>&1 && [ ! -e "$probe" ]; then
+        missing+=("$package")
+    fi
+done <<'PACKAGES'
+PACKAGES
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${missing[*]}"
+    sudo_cmd=()
+    [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
+fi
