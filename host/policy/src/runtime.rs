@@ -50,16 +50,27 @@ pub(crate) fn new_engine(limits: &Limits) -> wasmtime::Result<Engine> {
     Ok(engine)
 }
 
-/// Advances the epoch every tick for as long as the engine lives.
+/// Advances the epoch once per tick of wall-clock time for as long as the engine lives. Ticks
+/// follow the clock, not the count of sleeps (each sleep overshoots a little, and 100 of them
+/// would stretch a 100 ms deadline by several milliseconds); a late wake-up catches up.
 fn start_epoch_ticker(engine: &Engine) {
     let weak = engine.weak();
     std::thread::Builder::new()
         .name("allot-policy-epoch".into())
         .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
+            let start = Instant::now();
+            let mut ticks: u128 = 0;
+            loop {
+                let due = start.elapsed().as_nanos() / EPOCH_TICK.as_nanos();
+                let Some(engine) = weak.upgrade() else { return };
+                while ticks < due {
+                    engine.increment_epoch();
+                    ticks += 1;
+                }
                 drop(engine);
-                std::thread::sleep(EPOCH_TICK);
+                let next =
+                    start + Duration::from_nanos(((ticks + 1) * EPOCH_TICK.as_nanos()) as u64);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
         })
         .expect("spawning the epoch thread");
