@@ -268,29 +268,39 @@ pub fn load_file(path: &Path) -> Vec<Loaded> {
             }];
         }
     };
-    let docs: Vec<serde_yaml::Deserializer> = serde_yaml::Deserializer::from_str(&text).collect();
-    let many = docs.len() > 1;
-    docs.into_iter()
+    // serde_yaml's document iterator yields errors forever after a syntax error: stop at the
+    // first document that fails.
+    let mut scenarios = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let scenario = Scenario::deserialize(doc)
+            .map_err(|e| format!("not a valid scenario: {e}"))
+            .and_then(|s| {
+                if s.expect.is_empty() {
+                    Err(
+                        "the scenario expects nothing: give expect.nics or expect.error"
+                            .to_string(),
+                    )
+                } else {
+                    Ok(s)
+                }
+            });
+        let failed = scenario.is_err();
+        scenarios.push(scenario);
+        if failed {
+            break;
+        }
+    }
+    let many = scenarios.len() > 1;
+    scenarios
+        .into_iter()
         .enumerate()
-        .map(|(i, doc)| {
-            let label = if many {
+        .map(|(i, scenario)| Loaded {
+            label: if many {
                 format!("{label}#{}", i + 1)
             } else {
                 label.clone()
-            };
-            let scenario = Scenario::deserialize(doc)
-                .map_err(|e| format!("not a valid scenario: {e}"))
-                .and_then(|s| {
-                    if s.expect.is_empty() {
-                        Err(
-                            "the scenario expects nothing: give expect.nics or expect.error"
-                                .to_string(),
-                        )
-                    } else {
-                        Ok(s)
-                    }
-                });
-            Loaded { label, scenario }
+            },
+            scenario,
         })
         .collect()
 }
