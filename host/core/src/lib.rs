@@ -7,6 +7,7 @@ pub mod addr;
 pub mod policy;
 pub mod pool;
 pub mod spec;
+pub mod store;
 
 pub use addr::{AddrError, AddrSet, IpFamily};
 pub use policy::{Inventory, Policy, PolicyError, PolicyErrorKind};

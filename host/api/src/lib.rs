@@ -1,0 +1,188 @@
+//! The wire contract between `allot` (the CNI IPAM plugin) and `allot-agent`: JSON bodies over
+//! HTTP/1.1 on the agent's unix socket. Both sides use these types, so they cannot drift.
+//!
+//! | method and path   | body             | success          |
+//! |-------------------|------------------|------------------|
+//! | `POST /v1/add`    | [`AddRequest`]   | [`IpamResult`]   |
+//! | `POST /v1/del`    | [`AttachmentId`] | `{}`             |
+//! | `POST /v1/check`  | [`AttachmentId`] | [`IpamResult`]   |
+//! | `POST /v1/gc`     | [`GcRequest`]    | [`GcResponse`]   |
+//! | `GET /v1/status`  |                  | [`StatusResponse`] |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | | text |
+//!
+//! Failures answer a non-2xx status with an [`ErrorBody`] whose `code` is the CNI error code the
+//! plugin prints.
+
+use serde::{Deserialize, Serialize};
+
+pub const ADD: &str = "/v1/add";
+pub const DEL: &str = "/v1/del";
+pub const CHECK: &str = "/v1/check";
+pub const GC: &str = "/v1/gc";
+pub const STATUS: &str = "/v1/status";
+pub const HEALTHZ: &str = "/healthz";
+pub const READYZ: &str = "/readyz";
+pub const METRICS: &str = "/metrics";
+
+/// Where the agent listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/allot/agent.sock";
+
+/// The pod behind an attachment, from `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`,
+/// `K8S_POD_UID`) or, in cluster mode, from the agent's pod cache.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodIdentity {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+    /// Kind and name of the pod's top-level controller, when the caller knows them (standalone:
+    /// the allot-specific `CNI_ARGS` key `ALLOT_OWNER=Kind/name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_name: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentId {
+    pub container_id: String,
+    pub if_name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddRequest {
+    pub container_id: String,
+    pub if_name: String,
+    /// `CNI_NETNS`, for probes.
+    #[serde(default)]
+    pub netns: String,
+    /// The network config's `name`.
+    pub network: String,
+    /// The network config's `default_ipv4_ippool` / `default_ipv6_ippool`.
+    #[serde(default)]
+    pub default_ipv4_pools: Vec<String>,
+    #[serde(default)]
+    pub default_ipv6_pools: Vec<String>,
+    /// Multus network ("namespace/name") the interface belongs to, when known.
+    #[serde(default)]
+    pub multus_name: String,
+    pub pod: PodIdentity,
+}
+
+/// An IPAM result in the CNI 1.1.0 shape (the plugin converts it for older callers).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpamResult {
+    pub ips: Vec<IpConfig>,
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpConfig {
+    /// CIDR notation: the address with its pool's subnet prefix, e.g. `10.6.0.12/24`.
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// The pool the address came from.
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteConfig {
+    pub dst: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gw: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GcRequest {
+    /// Every attachment still in use; every claim of another attachment is released.
+    pub valid_attachments: Vec<AttachmentId>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GcResponse {
+    /// Addresses released.
+    pub released: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusResponse {
+    /// Whether ADD can be served: pools loaded, store open.
+    pub ready: bool,
+    pub message: String,
+    pub pools: Vec<PoolStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    pub name: String,
+    pub ip_version: u8,
+    pub total: u64,
+    pub free: u64,
+}
+
+/// A failure, carrying the CNI error code the plugin reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: u32,
+    pub msg: String,
+    #[serde(default)]
+    pub details: String,
+}
+
+/// CNI error codes (spec 1.1.0) and allot's own (100 and up).
+pub mod codes {
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    pub const UNSUPPORTED_FIELD: u32 = 2;
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    pub const INVALID_ENVIRONMENT: u32 = 4;
+    pub const IO_FAILURE: u32 = 5;
+    pub const DECODE_FAILURE: u32 = 6;
+    pub const INVALID_NETWORK_CONFIG: u32 = 7;
+    pub const TRY_AGAIN_LATER: u32 = 11;
+    /// STATUS: the plugin cannot serve ADD now (agent unreachable or not ready).
+    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
+    /// STATUS: the plugin is up but has no address left in any pool.
+    pub const LIMITED_CONNECTIVITY: u32 = 51;
+    /// No pool can serve the pod (every candidate dropped or exhausted); details hold the trace.
+    pub const NO_POOL_FITS: u32 = 100;
+    /// The pod's annotations (or identity) are malformed; the message names the key.
+    pub const INVALID_POD: u32 = 101;
+    /// The cluster's policy failed (trap, deadline, memory cap, bogus output).
+    pub const POLICY_FAILED: u32 = 102;
+    /// The claim store failed.
+    pub const STORE_FAILED: u32 = 103;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_request_round_trips_in_camel_case() {
+        let req = AddRequest {
+            container_id: "c1".into(),
+            if_name: "eth0".into(),
+            network: "net".into(),
+            pod: PodIdentity {
+                namespace: "ns".into(),
+                name: "p".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&req).unwrap();
+        assert!(json.contains("\"containerId\":\"c1\"") && json.contains("\"ifName\":\"eth0\""), "{json}");
+        assert_eq!(serde_json::from_str::<AddRequest>(&json).unwrap(), req);
+    }
+}
