@@ -20,6 +20,9 @@ while read -r probe package; do
         missing+=("$package")
     fi
 done <<'PACKAGES'
+/usr/lib/cni/bridge containernetworking-plugins
+ip iproute2
+ping iputils-ping
 PACKAGES
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${missing[*]}"

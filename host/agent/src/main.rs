@@ -1,1 +1,29 @@
-fn main() {}
+//! allot-agent: the node agent. Standalone mode reads pools from YAML files and serves the
+//! allot CNI plugin over a unix socket.
+
+mod args;
+mod metrics;
+mod server;
+mod standalone;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = args::Args::parse();
+    match args::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("allot-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

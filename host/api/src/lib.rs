@@ -102,7 +102,10 @@ pub struct RouteConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GcRequest {
-    /// Every attachment still in use; every claim of another attachment is released.
+    /// The network (config `name`) being collected: only its claims are considered.
+    #[serde(default)]
+    pub network: String,
+    /// Every attachment of that network still in use; every other claim of it is released.
     pub valid_attachments: Vec<AttachmentId>,
 }
 
@@ -162,6 +165,8 @@ pub mod codes {
     pub const POLICY_FAILED: u32 = 102;
     /// The claim store failed.
     pub const STORE_FAILED: u32 = 103;
+    /// CHECK: what the agent holds differs from the runtime's prevResult.
+    pub const CHECK_MISMATCH: u32 = 104;
 }
 
 #[cfg(test)]
@@ -182,7 +187,10 @@ mod tests {
             ..Default::default()
         };
         let json = serde_json::to_string(&req).unwrap();
-        assert!(json.contains("\"containerId\":\"c1\"") && json.contains("\"ifName\":\"eth0\""), "{json}");
+        assert!(
+            json.contains("\"containerId\":\"c1\"") && json.contains("\"ifName\":\"eth0\""),
+            "{json}"
+        );
         assert_eq!(serde_json::from_str::<AddRequest>(&json).unwrap(), req);
     }
 }

@@ -4,6 +4,8 @@
 //! it is unit-tested in microseconds and shared by every adapter and binary.
 
 pub mod addr;
+pub mod engine;
+pub mod free;
 pub mod policy;
 pub mod pool;
 pub mod spec;

@@ -681,3 +681,13 @@ mod tests {
         }
     }
 }
+
+impl<P: Policy + ?Sized> Policy for Arc<P> {
+    fn decide(
+        &self,
+        inventory: &Arc<Inventory>,
+        request: &Request,
+    ) -> Result<Decision, PolicyError> {
+        (**self).decide(inventory, request)
+    }
+}

@@ -68,6 +68,25 @@ pub enum SpecError {
     },
     #[error("{kind} {name}: ips must not be empty")]
     NoAddresses { kind: &'static str, name: String },
+    #[error("{kind} {name} is defined twice: rename one")]
+    Duplicate { kind: &'static str, name: String },
+    #[error(
+        "IPPool {name}: subnet {subnet} overlaps subnet {other_subnet} of IPPool {other}: subnets of one family must be identical or disjoint"
+    )]
+    SubnetOverlap {
+        name: String,
+        subnet: String,
+        other: String,
+        other_subnet: String,
+    },
+    #[error(
+        "IPPool {name}: addresses {overlap} are also in IPPool {other}: pools must not share addresses"
+    )]
+    AddressOverlap {
+        name: String,
+        other: String,
+        overlap: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -336,6 +355,56 @@ fn check_route(
     Ok(Route { dst, gw })
 }
 
+/// The checks across pools that users expect: names are unique, subnets of one family are
+/// identical or disjoint, and no address belongs to two pools. Pools are taken in name order and
+/// a pool that conflicts with an earlier one is rejected (with the reason), so the outcome does
+/// not depend on file order and the valid pools keep serving.
+pub fn check_pools(mut pools: Vec<Pool>) -> (Vec<Pool>, Vec<SpecError>) {
+    pools.sort_by(|a, b| a.meta.name.cmp(&b.meta.name));
+    let mut accepted: Vec<Pool> = Vec::with_capacity(pools.len());
+    let mut errors = Vec::new();
+    'pools: for pool in pools {
+        for other in &accepted {
+            if other.meta.name == pool.meta.name {
+                errors.push(SpecError::Duplicate {
+                    kind: "IPPool",
+                    name: pool.meta.name.clone(),
+                });
+                continue 'pools;
+            }
+            if other.family != pool.family {
+                continue;
+            }
+            let (a, b) = (&pool.subnet, &other.subnet);
+            if a != b && (a.contains(&b.network()) || b.contains(&a.network())) {
+                errors.push(SpecError::SubnetOverlap {
+                    name: pool.meta.name.clone(),
+                    subnet: a.to_string(),
+                    other: other.meta.name.clone(),
+                    other_subnet: b.to_string(),
+                });
+                continue 'pools;
+            }
+            let overlap = pool.ips.intersection(&other.ips);
+            if !overlap.is_empty() {
+                let mut entries = overlap.to_entries();
+                if entries.len() > 3 {
+                    entries.truncate(3);
+                    entries.push("…".into());
+                }
+                errors.push(SpecError::AddressOverlap {
+                    name: pool.meta.name.clone(),
+                    other: other.meta.name.clone(),
+                    overlap: entries.join(", "),
+                });
+                continue 'pools;
+            }
+        }
+        accepted.push(pool);
+    }
+    (accepted, errors)
+}
+
 /// What the host knows about a pool beyond its spec, computed from reservations and claims.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolFacts {
@@ -458,6 +527,43 @@ mod tests {
         assert!(
             !f.all_reserved,
             "nothing left to reserve is 'excluded', not 'reserved'"
+        );
+    }
+
+    #[test]
+    fn cross_pool_checks_reject_the_later_conflicting_pool() {
+        let p = |name: &str, subnet: &str, ips: &[&str]| {
+            Pool::from_spec(meta(name), spec(subnet, ips)).unwrap()
+        };
+        let (ok, errors) = check_pools(vec![
+            p(
+                "b-overlapping-range",
+                "10.0.0.0/24",
+                &["10.0.0.15-10.0.0.30"],
+            ),
+            p("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.20"]),
+            p("c-wider-subnet", "10.0.0.0/16", &["10.0.5.1"]),
+            p("d-disjoint", "10.0.0.0/24", &["10.0.0.100"]),
+            p("a", "10.9.0.0/24", &[]),
+            p("e-v6", "fd00::/64", &[]),
+        ]);
+        let names: Vec<_> = ok.iter().map(|p| p.name()).collect();
+        assert_eq!(names, ["a", "d-disjoint", "e-v6"]);
+        let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(msgs.len(), 3, "{msgs:?}");
+        assert!(
+            msgs.iter().any(|m| m.contains("IPPool a is defined twice")),
+            "{msgs:?}"
+        );
+        assert!(
+            msgs.iter()
+                .any(|m| m.contains("10.0.0.15-10.0.0.20 are also in IPPool a")),
+            "{msgs:?}"
+        );
+        assert!(
+            msgs.iter()
+                .any(|m| m.contains("subnet 10.0.0.0/16 overlaps subnet 10.0.0.0/24")),
+            "{msgs:?}"
         );
     }
 

@@ -1,1 +1,14 @@
-//! placeholder
+//! allot's claim stores.
+//!
+//! The [`Store`](allot_core::store::Store) trait lives in `allot-core`; this crate holds its
+//! backends and the contract they all pass:
+//!
+//! - [`sqlite`]: the embedded default, one SQLite file per node ([`SqliteStore`]).
+//! - [`contract`]: the backend-independent contract suite, expanded into one test per behaviour
+//!   by [`store_contract_tests!`]. Every backend (embedded, etcd, kubernetes, test doubles) runs
+//!   it.
+
+pub mod contract;
+pub mod sqlite;
+
+pub use sqlite::SqliteStore;

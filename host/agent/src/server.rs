@@ -1,0 +1,415 @@
+//! The plugin-facing API (allot-api) over HTTP/1.1 on a unix socket: mode 0600, and a peer whose
+//! uid is not ours is refused (SO_PEERCRED) before a byte is read.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use allot_api::{self as api, ErrorBody, codes};
+use allot_core::PolicyErrorKind;
+use allot_core::engine::{AddOutcome, AddRequest, AllocError};
+use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, Owner, PodInfo};
+use allot_core::store::{Attachment, StoreError};
+use anyhow::Context as _;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::net::UnixListener;
+
+use crate::args::AgentEngine;
+use crate::metrics::Metrics;
+
+pub struct Shared {
+    pub engine: Arc<AgentEngine>,
+    pub metrics: Arc<Metrics>,
+    pub node_name: String,
+    pub config_errors: Mutex<Vec<String>>,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+const MAX_BODY: usize = 1 << 20;
+
+pub async fn serve(shared: Arc<Shared>, socket: &Path) -> anyhow::Result<()> {
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    // A socket file left by a killed agent would make bind fail.
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("removing the stale socket {}", socket.display()));
+        }
+    }
+    let listener =
+        UnixListener::bind(socket).with_context(|| format!("listening on {}", socket.display()))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("setting mode 0600 on {}", socket.display()))?;
+    let me = unsafe { libc::geteuid() };
+    tracing::info!(socket = %socket.display(), "serving");
+
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => { tracing::warn!("accept failed: {e}"); continue; }
+                };
+                match stream.peer_cred() {
+                    Ok(cred) if cred.uid() == me => {}
+                    Ok(cred) => {
+                        tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), "refused a peer of another user");
+                        shared.metrics.error("peer-refused");
+                        continue;
+                    }
+                    Err(e) => { tracing::warn!("cannot read the peer's credentials: {e}"); continue; }
+                }
+                let shared = shared.clone();
+                let service = hyper::service::service_fn(move |req| {
+                    let shared = shared.clone();
+                    async move { Ok::<_, std::convert::Infallible>(handle(shared, req).await) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!("connection ended: {e}");
+                    }
+                });
+            }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        }
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+    drop(listener);
+    let _ = std::fs::remove_file(socket);
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all requests finished"),
+        _ = tokio::time::sleep(std::time::Duration::from_secs(30)) => tracing::warn!("gave up waiting for requests in flight"),
+    }
+    Ok(())
+}
+
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(
+        serde_json::to_vec(body).expect("serializable"),
+    )));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn text(status: StatusCode, body: String) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r
+}
+
+fn error(
+    status: StatusCode,
+    code: u32,
+    msg: impl Into<String>,
+    details: impl Into<String>,
+) -> Reply {
+    json(
+        status,
+        &ErrorBody {
+            code,
+            msg: msg.into(),
+            details: details.into(),
+        },
+    )
+}
+
+async fn body<T: DeserializeOwned>(req: Request<Incoming>) -> Result<T, Reply> {
+    let bytes = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| {
+            error(
+                StatusCode::BAD_REQUEST,
+                codes::DECODE_FAILURE,
+                format!("reading the request: {e}"),
+                "",
+            )
+        })?
+        .to_bytes();
+    serde_json::from_slice(&bytes).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            codes::DECODE_FAILURE,
+            format!("malformed request: {e}"),
+            "",
+        )
+    })
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
+    let path = req.uri().path().to_string();
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, api::HEALTHZ) => text(StatusCode::OK, "ok\n".into()),
+        (Method::GET, api::READYZ) => {
+            if shared.engine.is_loaded() {
+                text(StatusCode::OK, "ready\n".into())
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "pools not loaded yet\n".into(),
+                )
+            }
+        }
+        (Method::GET, api::METRICS) => text(
+            StatusCode::OK,
+            shared.metrics.encode(&shared.engine.usage()),
+        ),
+        (Method::GET, api::STATUS) => json(StatusCode::OK, &status(&shared)),
+        (Method::POST, api::ADD) => match body::<api::AddRequest>(req).await {
+            Ok(r) => add(shared, r).await,
+            Err(reply) => reply,
+        },
+        (Method::POST, api::DEL) => match body::<api::AttachmentId>(req).await {
+            Ok(r) => {
+                blocking(&shared, "del", move |s| {
+                    let released = s.engine.del(&attachment(&r))?;
+                    s.metrics.releases.inc_by(released.len() as u64);
+                    Ok(json(StatusCode::OK, &serde_json::json!({})))
+                })
+                .await
+            }
+            Err(reply) => reply,
+        },
+        (Method::POST, api::CHECK) => match body::<api::AttachmentId>(req).await {
+            Ok(r) => {
+                blocking(&shared, "check", move |s| {
+                    Ok(json(
+                        StatusCode::OK,
+                        &result(&s.engine.check(&attachment(&r))?),
+                    ))
+                })
+                .await
+            }
+            Err(reply) => reply,
+        },
+        (Method::POST, api::GC) => match body::<api::GcRequest>(req).await {
+            Ok(r) => {
+                blocking(&shared, "gc", move |s| {
+                    let valid: BTreeSet<Attachment> =
+                        r.valid_attachments.iter().map(attachment).collect();
+                    let released = s.engine.gc(&r.network, &valid)?;
+                    s.metrics.releases.inc_by(released.len() as u64);
+                    for c in &released {
+                        tracing::info!(address = %c.address, pool = %c.pool, "released by GC");
+                    }
+                    Ok(json(
+                        StatusCode::OK,
+                        &api::GcResponse {
+                            released: released.iter().map(|c| c.address.to_string()).collect(),
+                        },
+                    ))
+                })
+                .await
+            }
+            Err(reply) => reply,
+        },
+        _ => error(
+            StatusCode::NOT_FOUND,
+            codes::UNSUPPORTED_FIELD,
+            format!("no endpoint {path}"),
+            "",
+        ),
+    }
+}
+
+fn attachment(a: &api::AttachmentId) -> Attachment {
+    Attachment {
+        container_id: a.container_id.clone(),
+        interface: a.if_name.clone(),
+    }
+}
+
+fn status(shared: &Shared) -> api::StatusResponse {
+    let errors = shared
+        .config_errors
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let ready = shared.engine.is_loaded();
+    api::StatusResponse {
+        ready,
+        message: match (ready, errors.len()) {
+            (false, _) => "pools not loaded yet".into(),
+            (true, 0) => "ready".into(),
+            (true, n) => format!(
+                "ready; {n} invalid object(s) left out: {}",
+                errors.join("; ")
+            ),
+        },
+        pools: shared
+            .engine
+            .usage()
+            .into_iter()
+            .map(|u| api::PoolStatus {
+                name: u.name,
+                ip_version: u.family.version(),
+                total: u.total,
+                free: u.free,
+            })
+            .collect(),
+    }
+}
+
+/// Runs engine work (store I/O, fsync) off the async threads, mapping errors to CNI codes.
+async fn blocking(
+    shared: &Arc<Shared>,
+    verb: &'static str,
+    f: impl FnOnce(&Shared) -> Result<Reply, AllocError> + Send + 'static,
+) -> Reply {
+    let s = shared.clone();
+    match tokio::task::spawn_blocking(move || f(&s)).await {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(e)) => {
+            let (status, code, reason) = classify(&e);
+            shared.metrics.error(reason);
+            tracing::warn!(verb, reason, "{e}");
+            let details = match &e {
+                AllocError::NoPoolFits { trace, .. } => trace.clone(),
+                _ => String::new(),
+            };
+            error(status, code, e.to_string(), details)
+        }
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            codes::IO_FAILURE,
+            format!("{verb} failed: {e}"),
+            "",
+        ),
+    }
+}
+
+fn classify(e: &AllocError) -> (StatusCode, u32, &'static str) {
+    match e {
+        AllocError::Policy(p) => match p.kind {
+            PolicyErrorKind::InvalidInput => {
+                (StatusCode::BAD_REQUEST, codes::INVALID_POD, "invalid-pod")
+            }
+            PolicyErrorKind::NotReady => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::TRY_AGAIN_LATER,
+                "not-ready",
+            ),
+            _ => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                codes::POLICY_FAILED,
+                "policy-failed",
+            ),
+        },
+        AllocError::NoPoolFits { .. } | AllocError::NothingDecided(_) => {
+            (StatusCode::CONFLICT, codes::NO_POOL_FITS, "no-pool-fits")
+        }
+        AllocError::Store(StoreError::Backend(_)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            codes::STORE_FAILED,
+            "store",
+        ),
+        AllocError::Store(_) | AllocError::Contended(_) | AllocError::NotLoaded => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::TRY_AGAIN_LATER,
+            "try-again",
+        ),
+        AllocError::UnknownAttachment(_) => (
+            StatusCode::NOT_FOUND,
+            codes::UNKNOWN_CONTAINER,
+            "unknown-container",
+        ),
+    }
+}
+
+fn result(o: &AddOutcome) -> api::IpamResult {
+    api::IpamResult {
+        ips: o
+            .allocations
+            .iter()
+            .map(|a| api::IpConfig {
+                address: a.cidr(),
+                gateway: a.gateway.map(|g| g.to_string()),
+                pool: a.pool.clone(),
+            })
+            .collect(),
+        routes: o
+            .routes
+            .iter()
+            .map(|r| api::RouteConfig {
+                dst: r.dst.to_string(),
+                gw: r.gw.map(|g| g.to_string()),
+            })
+            .collect(),
+    }
+}
+
+async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
+    let started = Instant::now();
+    let request = AddRequest {
+        attachment: Attachment {
+            container_id: r.container_id.clone(),
+            interface: r.if_name.clone(),
+        },
+        network: r.network.clone(),
+        pod: PodInfo {
+            namespace: r.pod.namespace.clone(),
+            name: r.pod.name.clone(),
+            uid: r.pod.uid.clone(),
+            owner: match (&r.pod.owner_kind, &r.pod.owner_name) {
+                (Some(kind), Some(name)) => Some(Owner {
+                    kind: kind.clone(),
+                    name: name.clone(),
+                }),
+                _ => None,
+            },
+            ..Default::default()
+        },
+        namespace: NamespaceInfo {
+            name: r.pod.namespace.clone(),
+            ..Default::default()
+        },
+        node: NodeInfo {
+            name: shared.node_name.clone(),
+            ..Default::default()
+        },
+        multus_name: r.multus_name.clone(),
+        cni_defaults: CniDefaults {
+            ipv4: r.default_ipv4_pools.clone(),
+            ipv6: r.default_ipv6_pools.clone(),
+        },
+    };
+    let reply = blocking(&shared, "add", move |s| {
+        let out = s.engine.add(&request)?;
+        if !out.repeated {
+            s.metrics.allocations.inc_by(out.allocations.len() as u64);
+            for a in &out.allocations {
+                tracing::info!(address = %a.cidr(), pool = %a.pool, container = %request.attachment, pod = %format!("{}/{}", request.pod.namespace, request.pod.name), "allocated");
+            }
+        }
+        Ok(json(StatusCode::OK, &result(&out)))
+    })
+    .await;
+    shared
+        .metrics
+        .add_seconds
+        .observe(started.elapsed().as_secs_f64());
+    reply
+}

@@ -1,0 +1,567 @@
+//! The verbs: read the environment and stdin, ask the agent, print a result or an error object.
+//!
+//! Order of checks: `CNI_COMMAND` (code 4) → VERSION answers at once → stdin is a JSON object
+//! (6) → `cniVersion` is present (7) and supported (1) → the verb exists in that version (1) →
+//! the verb's `CNI_*` variables (4) → the `ipam` section (7) → the agent. Error objects echo the
+//! caller's `cniVersion` string once it has been read, else the newest version.
+
+use std::any::Any;
+use std::io::{IsTerminal, Read, Write};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use allot_api::{AddRequest, GcRequest, GcResponse, IpamResult, StatusResponse, codes};
+
+use crate::client::{CallError, Client};
+use crate::config::{self, CniVersion, Conf, IpamConf, SUPPORTED_VERSIONS};
+use crate::env::{CniEnv, Command};
+use crate::error::CniError;
+use crate::result;
+
+/// Default bound on the exchange with the agent, per verb (ipam `timeout_ms` overrides all).
+/// ADD may run conflict and gateway probes (three tries of 100 ms per address, plus retries on
+/// conflicts), so it gets the most.
+fn default_timeout(command: Command) -> Duration {
+    Duration::from_secs(match command {
+        Command::Add => 30,
+        Command::Gc => 60,
+        Command::Status => 5,
+        Command::Del | Command::Check | Command::Version => 15,
+    })
+}
+
+/// What the process prints and how it exits.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub stdout: Option<String>,
+    pub exit: i32,
+}
+
+impl Outcome {
+    fn success(stdout: Option<String>) -> Self {
+        Outcome { stdout, exit: 0 }
+    }
+
+    fn failure(version: &str, err: &CniError) -> Self {
+        Outcome {
+            stdout: Some(err.to_json(version)),
+            exit: 1,
+        }
+    }
+}
+
+/// The process: run the verb, print, exit code.
+///
+/// A panic is a bug, but it must still leave the runtime a CNI error object rather than a bare
+/// exit status and a Rust backtrace. The panic hook prints the object on stdout (so this holds
+/// even if a build ever sets `panic = "abort"`) before the default hook writes the message to
+/// stderr; `catch_unwind` then turns the unwinding into exit status 1. Code 5 ("I/O failure")
+/// because the spec has no "internal error" code, 5 is the generic failure runtimes already see
+/// from Go plugins, and allot-api has no code of its own for it (yet).
+pub fn main_guarded() -> i32 {
+    let default_hook = panic::take_hook();
+    panic::set_hook(Box::new(move |info| {
+        // Only the main thread's panic ends the process; the connect helper's would not.
+        let on_main = std::thread::current().name() == Some("main");
+        if on_main && !PANIC_REPORTED.swap(true, Ordering::SeqCst) {
+            let err = panic_error(info.payload());
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "{}", err.to_json(CniVersion::LATEST.as_str()));
+            let _ = stdout.flush();
+        }
+        default_hook(info);
+    }));
+    let outcome = guarded(|| {
+        let stdin = std::io::stdin();
+        let stdin_is_tty = stdin.is_terminal();
+        run(
+            |name| std::env::var_os(name),
+            &mut stdin.lock(),
+            stdin_is_tty,
+            &mut std::io::stderr(),
+        )
+    });
+    if let Some(out) = &outcome.stdout {
+        let mut stdout = std::io::stdout().lock();
+        // Nothing useful can be done if stdout is gone.
+        let _ = writeln!(stdout, "{out}");
+        let _ = stdout.flush();
+    }
+    outcome.exit
+}
+
+/// Set once the panic hook has printed the error object.
+static PANIC_REPORTED: AtomicBool = AtomicBool::new(false);
+
+fn panic_error(payload: &(dyn Any + Send)) -> CniError {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    CniError::io("internal error in allot (a bug: please report it)").with_details(what)
+}
+
+/// Runs `f`; a panic becomes exit status 1 with a code-5 error object (unless the panic hook
+/// already printed one).
+pub fn guarded(f: impl FnOnce() -> Outcome) -> Outcome {
+    match panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(outcome) => outcome,
+        Err(_) if PANIC_REPORTED.load(Ordering::SeqCst) => Outcome {
+            stdout: None,
+            exit: 1,
+        },
+        Err(payload) => Outcome::failure(CniVersion::LATEST.as_str(), &panic_error(&*payload)),
+    }
+}
+
+/// One invocation. `get` reads environment variables, `stdin` is the network config, `log` is
+/// stderr.
+pub fn run(
+    get: impl Fn(&str) -> Option<std::ffi::OsString>,
+    stdin: &mut dyn Read,
+    stdin_is_tty: bool,
+    log: &mut dyn Write,
+) -> Outcome {
+    let latest = CniVersion::LATEST.as_str();
+    let env = match CniEnv::from_vars(get) {
+        Ok(env) => env,
+        Err(e) => return Outcome::failure(latest, &e),
+    };
+    if env.command == Command::Version {
+        // The runtime sends {"cniVersion": …} on stdin; read it so that the writer never sees
+        // EPIPE, but answer the same whatever it says. Skip it when a person runs
+        // `CNI_COMMAND=VERSION allot` at a terminal.
+        if !stdin_is_tty {
+            let _ = std::io::copy(stdin, &mut std::io::sink());
+        }
+        return Outcome::success(Some(version_info()));
+    }
+    let mut input = Vec::new();
+    if let Err(e) = stdin.read_to_end(&mut input) {
+        return Outcome::failure(latest, &CniError::io(format!("cannot read stdin: {e}")));
+    }
+    let conf = match config::decode(&input) {
+        Ok(c) => c,
+        Err(e) => return Outcome::failure(latest, &e),
+    };
+    let reply_version = config::raw_version(&conf).unwrap_or(latest).to_owned();
+    match dispatch(&env, &conf, log) {
+        Ok(stdout) => Outcome::success(stdout),
+        Err(e) => Outcome::failure(&reply_version, &e),
+    }
+}
+
+pub fn version_info() -> String {
+    serde_json::json!({
+        "cniVersion": CniVersion::LATEST.as_str(),
+        "supportedVersions": SUPPORTED_VERSIONS,
+    })
+    .to_string()
+}
+
+fn dispatch(env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<Option<String>, CniError> {
+    let version = config::cni_version(conf)?;
+    require_version(env.command, version)?;
+    match env.command {
+        Command::Add => add(env, conf, version).map(Some),
+        Command::Del => del(env, conf, log).map(|()| None),
+        Command::Check => check(env, conf).map(|()| None),
+        Command::Status => status(env, conf).map(|()| None),
+        Command::Gc => gc(env, conf, log).map(|()| None),
+        Command::Version => Ok(Some(version_info())),
+    }
+}
+
+/// CHECK arrived in spec 0.4.0, STATUS and GC in 1.1.0. A config of an older version asking for
+/// them is an incompatible version (code 1), not an unsupported field (code 2, which the spec
+/// reserves for network config fields): that is what libcni's skel returns ("config version
+/// does not allow CHECK/STATUS/GC"), so runtimes already understand it.
+fn require_version(command: Command, version: CniVersion) -> Result<(), CniError> {
+    let since = match command {
+        Command::Check => CniVersion::V040,
+        Command::Status | Command::Gc => CniVersion::V110,
+        _ => return Ok(()),
+    };
+    if version >= since {
+        return Ok(());
+    }
+    Err(CniError::incompatible_version(format!(
+        "config version {} does not allow {}: it needs cniVersion {} or later",
+        version.as_str(),
+        command.name(),
+        since.as_str()
+    )))
+}
+
+fn client(command: Command, ipam: &IpamConf) -> Client {
+    Client::new(
+        ipam.socket.clone(),
+        ipam.timeout.unwrap_or_else(|| default_timeout(command)),
+    )
+}
+
+/// ADD and CHECK: the runtime should retry while the agent is down or slow (code 11); what
+/// the agent itself says passes through.
+fn agent_error(err: CallError, client: &Client) -> CniError {
+    let text = err.describe(&client.socket, client.timeout);
+    match err {
+        CallError::Agent(e) => e,
+        CallError::Unreachable(_) | CallError::TimedOut | CallError::Broken(_) => {
+            CniError::try_again(format!("try again later: {text}"))
+        }
+        // 503 is how an HTTP server says "not now".
+        CallError::Status(503, _) => CniError::try_again(format!("try again later: {text}")),
+        CallError::Status(..) | CallError::Protocol(_) => CniError::io(text),
+    }
+}
+
+fn decode_answer<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    client: &Client,
+) -> Result<T, CniError> {
+    serde_json::from_slice(body).map_err(|e| {
+        CniError::io(format!(
+            "allot-agent at {} answered with a body allot cannot decode: {e}",
+            client.socket.display()
+        ))
+    })
+}
+
+fn add(env: &CniEnv, conf: &Conf, version: CniVersion) -> Result<String, CniError> {
+    let attachment = env.attachment()?;
+    let netns = env.netns()?.to_owned();
+    let pod = env.cni_args()?.pod_identity()?;
+    let network = config::network_name(conf)?;
+    let ipam = config::ipam(conf)?;
+    ipam.reject_unknown()?;
+    let request = AddRequest {
+        container_id: attachment.container_id,
+        if_name: attachment.if_name,
+        netns,
+        network,
+        default_ipv4_pools: ipam.default_ipv4_pools.clone(),
+        default_ipv6_pools: ipam.default_ipv6_pools.clone(),
+        // Multus does not tell IPAM plugins which NetworkAttachmentDefinition they serve; the
+        // agent derives it from the pod in cluster mode.
+        multus_name: String::new(),
+        pod,
+    };
+    let client = client(Command::Add, &ipam);
+    let body = client
+        .post(allot_api::ADD, &request)
+        .map_err(|e| agent_error(e, &client))?;
+    let answer: IpamResult = decode_answer(&body, &client)?;
+    result::render(&answer, version)
+}
+
+/// DEL never fails because the agent is down or stuck: the pod must be able to go away, and
+/// GC (the controller, or the runtime's GC verb) releases what this DEL could not. An answer
+/// from the agent, error or not, is reported as it is.
+fn del(env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<(), CniError> {
+    let attachment = env.attachment()?;
+    let ipam = config::ipam(conf)?;
+    if !ipam.unknown.is_empty() {
+        // An unknown field cannot change what DEL releases; refusing to release would only
+        // leak the address.
+        let _ = writeln!(
+            log,
+            "allot: DEL: ignoring unknown ipam field(s) {}",
+            ipam.describe_unknown()
+        );
+    }
+    let client = client(Command::Del, &ipam);
+    match client.post(allot_api::DEL, &attachment) {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_transport() => {
+            let _ = writeln!(
+                log,
+                "allot: DEL {}/{}: {}; reporting success, GC will release the address later",
+                attachment.container_id,
+                attachment.if_name,
+                e.describe(&client.socket, client.timeout)
+            );
+            Ok(())
+        }
+        Err(CallError::Agent(e)) => Err(e),
+        Err(e) => Err(CniError::io(e.describe(&client.socket, client.timeout))),
+    }
+}
+
+fn check(env: &CniEnv, conf: &Conf) -> Result<(), CniError> {
+    let attachment = env.attachment()?;
+    env.netns()?;
+    // Not needed by CHECK, but a malformed CNI_ARGS is malformed for every verb that gets one.
+    env.cni_args()?;
+    let ipam = config::ipam(conf)?;
+    ipam.reject_unknown()?;
+    let prev = config::prev_result_addresses(conf)?;
+    let client = client(Command::Check, &ipam);
+    let body = client
+        .post(allot_api::CHECK, &attachment)
+        .map_err(|e| agent_error(e, &client))?;
+    let held: IpamResult = decode_answer(&body, &client)?;
+    result::validate(&held)?;
+    if held.ips.is_empty() {
+        return Err(CniError::new(
+            result::CHECK_MISMATCH,
+            "allot holds no address for this attachment",
+        ));
+    }
+    // A runtime may omit prevResult; then holding the claim is all CHECK can verify.
+    match prev {
+        Some(prev) => result::check_matches(&held, &prev),
+        None => Ok(()),
+    }
+}
+
+/// STATUS: agent unreachable, not answering, or not ready → 50 (cannot serve ADD); up and
+/// ready but no free address in any pool → 51, as allot-api's `LIMITED_CONNECTIVITY` documents.
+/// (The spec words 51 as "not available, and existing containers may have limited
+/// connectivity"; exhaustion leaves existing pods untouched, so a strict reading would say 50.
+/// Runtimes treat both as "network not ready".) An `ErrorBody` from the agent passes through.
+fn status(_env: &CniEnv, conf: &Conf) -> Result<(), CniError> {
+    let ipam = config::ipam(conf)?;
+    ipam.reject_unknown()?;
+    let client = client(Command::Status, &ipam);
+    let not_available = |msg: String| CniError::new(codes::PLUGIN_NOT_AVAILABLE, msg);
+    let body = match client.get(allot_api::STATUS) {
+        Ok(body) => body,
+        Err(CallError::Agent(e)) => return Err(e),
+        Err(e) => return Err(not_available(e.describe(&client.socket, client.timeout))),
+    };
+    let status: StatusResponse = serde_json::from_slice(&body).map_err(|e| {
+        not_available(format!(
+            "allot-agent at {} answered a status allot cannot decode: {e}",
+            client.socket.display()
+        ))
+    })?;
+    status_verdict(&status)
+}
+
+pub fn status_verdict(status: &StatusResponse) -> Result<(), CniError> {
+    if !status.ready {
+        let msg = if status.message.is_empty() {
+            "allot-agent is not ready".to_string()
+        } else {
+            format!("allot-agent is not ready: {}", status.message)
+        };
+        return Err(CniError::new(codes::PLUGIN_NOT_AVAILABLE, msg));
+    }
+    // No pool at all cannot serve an ADD either.
+    if status.pools.iter().all(|p| p.free == 0) {
+        let details = status
+            .pools
+            .iter()
+            .map(|p| format!("{} (IPv{}): 0 of {} free", p.name, p.ip_version, p.total))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let msg = if status.pools.is_empty() {
+            "allot-agent has no pools".to_string()
+        } else {
+            "no free address in any pool".to_string()
+        };
+        return Err(CniError::new(codes::LIMITED_CONNECTIVITY, msg).with_details(details));
+    }
+    Ok(())
+}
+
+/// The GC request as sent: [`GcRequest`] plus the network's `name`.
+///
+/// A runtime sends one GC per network config, listing only that network's attachments, so the
+/// agent must release only that network's claims, or a GC of network A frees every address a
+/// pod holds on network B. `GcRequest` has no field for the network yet (reported); `network`
+/// rides alongside it, spelled as in `AddRequest`. An agent built on today's `GcRequest`
+/// ignores it (serde skips unknown fields); one with `#[serde(default)] network: String` reads
+/// it without a change here.
+#[derive(serde::Serialize)]
+struct GcCall {
+    #[serde(flatten)]
+    request: GcRequest,
+    network: String,
+}
+
+/// GC: forwards the attachments still in use; the agent releases every other claim of this
+/// network. Retried later by the runtime on failure (code 11 while the agent is away).
+fn gc(_env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<(), CniError> {
+    let ipam = config::ipam(conf)?;
+    ipam.reject_unknown()?;
+    let request = GcCall {
+        request: GcRequest {
+            valid_attachments: config::gc_attachments(conf)?,
+        },
+        network: config::network_name(conf)?,
+    };
+    let client = client(Command::Gc, &ipam);
+    let body = client
+        .post(allot_api::GC, &request)
+        .map_err(|e| agent_error(e, &client))?;
+    // Success is the 2xx; the body is only for the log.
+    match serde_json::from_slice::<GcResponse>(&body) {
+        Ok(r) if !r.released.is_empty() => {
+            let _ = writeln!(
+                log,
+                "allot: GC released {} address(es): {}",
+                r.released.len(),
+                r.released.join(", ")
+            );
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let _ = writeln!(
+                log,
+                "allot: GC succeeded, but its answer did not decode: {e}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_api::PoolStatus;
+    use std::collections::HashMap;
+    use std::ffi::OsString;
+
+    fn run_with(vars: &[(&str, &str)], stdin: &str) -> (Outcome, String) {
+        let map: HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        let mut log = Vec::new();
+        let out = run(
+            |k| map.get(k).cloned(),
+            &mut stdin.as_bytes(),
+            false,
+            &mut log,
+        );
+        (out, String::from_utf8(log).unwrap())
+    }
+
+    fn code_of(out: &Outcome) -> (u64, String) {
+        let v: serde_json::Value = serde_json::from_str(out.stdout.as_ref().unwrap()).unwrap();
+        (
+            v["code"].as_u64().unwrap(),
+            v["cniVersion"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    #[test]
+    fn version_ignores_stdin() {
+        let (out, _) = run_with(&[("CNI_COMMAND", "VERSION")], "not json at all");
+        assert_eq!(out.exit, 0);
+        let v: serde_json::Value = serde_json::from_str(out.stdout.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"cniVersion":"1.1.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]})
+        );
+    }
+
+    #[test]
+    fn verbs_need_their_version() {
+        for (cmd, v) in [("CHECK", "0.3.1"), ("STATUS", "1.0.0"), ("GC", "0.4.0")] {
+            let (out, _) = run_with(
+                &[("CNI_COMMAND", cmd)],
+                &format!(r#"{{"cniVersion":"{v}"}}"#),
+            );
+            assert_eq!(code_of(&out), (1, v.to_string()), "{cmd} {v}");
+        }
+    }
+
+    #[test]
+    fn errors_echo_the_callers_version() {
+        let (out, _) = run_with(
+            &[("CNI_COMMAND", "ADD")],
+            r#"{"cniVersion":"0.3.1","name":"n"}"#,
+        );
+        assert_eq!(code_of(&out), (4, "0.3.1".into()));
+        let (out, _) = run_with(&[("CNI_COMMAND", "ADD")], r#"{"cniVersion":"0.2.0"}"#);
+        assert_eq!(code_of(&out), (1, "0.2.0".into()));
+        let (out, _) = run_with(&[("CNI_COMMAND", "ADD")], "{");
+        assert_eq!(code_of(&out), (6, "1.1.0".into()));
+        let (out, _) = run_with(&[], "{}");
+        assert_eq!(code_of(&out), (4, "1.1.0".into()));
+    }
+
+    #[test]
+    fn del_with_a_missing_netns_and_no_agent_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("gone.sock");
+        let conf = format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","ipam":{{"type":"allot","socket":"{}","typo":1}}}}"#,
+            sock.display()
+        );
+        let (out, log) = run_with(
+            &[
+                ("CNI_COMMAND", "DEL"),
+                ("CNI_CONTAINERID", "c1"),
+                ("CNI_IFNAME", "eth0"),
+            ],
+            &conf,
+        );
+        assert_eq!(
+            out,
+            Outcome {
+                stdout: None,
+                exit: 0
+            }
+        );
+        assert!(
+            log.contains("typo") && log.contains("GC will release"),
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn panics_become_error_objects() {
+        let out = guarded(|| panic!("boom {}", 1));
+        assert_eq!(out.exit, 1);
+        let v: serde_json::Value = serde_json::from_str(out.stdout.as_ref().unwrap()).unwrap();
+        assert_eq!(v["code"], 5);
+        assert_eq!(v["details"], "boom 1");
+        let out = guarded(|| std::panic::panic_any(7u8));
+        assert_eq!(out.exit, 1);
+    }
+
+    fn pool(name: &str, free: u64) -> PoolStatus {
+        PoolStatus {
+            name: name.into(),
+            ip_version: 4,
+            total: 10,
+            free,
+        }
+    }
+
+    #[test]
+    fn status_verdicts() {
+        let ok = StatusResponse {
+            ready: true,
+            message: String::new(),
+            pools: vec![pool("a", 0), pool("b", 3)],
+        };
+        assert!(status_verdict(&ok).is_ok());
+        let e = status_verdict(&StatusResponse {
+            ready: false,
+            message: "loading pools".into(),
+            ..ok.clone()
+        })
+        .unwrap_err();
+        assert_eq!(e.code, codes::PLUGIN_NOT_AVAILABLE);
+        assert!(e.msg.contains("loading pools"));
+        let e = status_verdict(&StatusResponse {
+            pools: vec![pool("a", 0), pool("b", 0)],
+            ..ok.clone()
+        })
+        .unwrap_err();
+        assert_eq!(e.code, codes::LIMITED_CONNECTIVITY);
+        assert!(e.details.contains("b (IPv4): 0 of 10 free"), "{e}");
+        let e = status_verdict(&StatusResponse {
+            pools: vec![],
+            ..ok
+        })
+        .unwrap_err();
+        assert_eq!(e.code, codes::LIMITED_CONNECTIVITY);
+    }
+}

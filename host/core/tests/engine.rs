@@ -1,0 +1,520 @@
+//! The allocation engine against the in-memory store and a small policy: CNI defaults in
+//! listed order, exhausted pools dropped (the default policy's own tests live with it).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Barrier};
+
+use allot_core::engine::{AddRequest, AllocError, Engine};
+use allot_core::policy::{
+    AcquisitionRule, CniDefaults, Decision, DropReason, Dropped, FamilyDecision, Inventory,
+    NamespaceInfo, NicDecision, NodeInfo, Owner, PodInfo, Policy, PolicyError, PoolRef, Request,
+};
+use allot_core::spec::{IpPoolSpec, ObjectMeta, ReservedIpSpec, RouteSpec};
+use allot_core::store::{Attachment, Claim, MemoryStore, PodRef, Store, StoreError};
+use allot_core::{IpFamily, Pool, Reserved};
+
+/// Candidates: the CNI default pools of each family, in order; exhausted ones dropped.
+struct CniDefaultsPolicy;
+
+impl Policy for CniDefaultsPolicy {
+    fn decide(&self, inv: &Arc<Inventory>, req: &Request) -> Result<Decision, PolicyError> {
+        let mut families = Vec::new();
+        for (family, names) in [
+            (IpFamily::V4, &req.cni_defaults.ipv4),
+            (IpFamily::V6, &req.cni_defaults.ipv6),
+        ] {
+            if names.is_empty() {
+                continue;
+            }
+            let candidates: Vec<u32> = names.iter().filter_map(|n| inv.pool_index(n)).collect();
+            let (order, dropped) =
+                candidates
+                    .iter()
+                    .fold((vec![], vec![]), |(mut o, mut d), &i| {
+                        if req.free_counts[i as usize] > 0 {
+                            o.push(i);
+                        } else {
+                            d.push(Dropped {
+                                pool: PoolRef::Index(i),
+                                reason: DropReason::Exhausted,
+                                detail: String::new(),
+                            });
+                        }
+                        (o, d)
+                    });
+            families.push(FamilyDecision {
+                family,
+                rule: AcquisitionRule::CniDefault,
+                source: "test".into(),
+                candidates,
+                order,
+                dropped,
+            });
+        }
+        Ok(Decision {
+            nics: req
+                .nics
+                .iter()
+                .map(|n| NicDecision {
+                    interface: n.interface.clone(),
+                    clean_gateway: req.pod.annotations.contains_key("clean-gateway"),
+                    routes: vec![RouteSpec {
+                        dst: "192.0.2.0/24".into(),
+                        gw: "10.0.0.1".into(),
+                    }],
+                    families: families.clone(),
+                })
+                .collect(),
+        })
+    }
+}
+
+fn pool(name: &str, subnet: &str, ips: &[&str], gateway: Option<&str>) -> Pool {
+    Pool::from_spec(
+        ObjectMeta {
+            name: name.into(),
+            ..Default::default()
+        },
+        IpPoolSpec {
+            subnet: subnet.into(),
+            ips: ips.iter().map(|s| s.to_string()).collect(),
+            gateway: gateway.map(str::to_string),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn engine(pools: Vec<Pool>) -> Engine<MemoryStore, CniDefaultsPolicy> {
+    let e = Engine::new(MemoryStore::new(), CniDefaultsPolicy);
+    e.load(pools, vec![], vec![]).unwrap();
+    e
+}
+
+fn add_req(container: &str, ifname: &str, v4: &[&str], v6: &[&str]) -> AddRequest {
+    AddRequest {
+        attachment: Attachment {
+            container_id: container.into(),
+            interface: ifname.into(),
+        },
+        network: "net-a".into(),
+        pod: PodInfo {
+            namespace: "ns".into(),
+            name: format!("pod-{container}"),
+            uid: format!("uid-{container}"),
+            ..Default::default()
+        },
+        namespace: NamespaceInfo {
+            name: "ns".into(),
+            ..Default::default()
+        },
+        node: NodeInfo {
+            name: "node-1".into(),
+            ..Default::default()
+        },
+        multus_name: String::new(),
+        cni_defaults: CniDefaults {
+            ipv4: v4.iter().map(|s| s.to_string()).collect(),
+            ipv6: v6.iter().map(|s| s.to_string()).collect(),
+        },
+    }
+}
+
+fn att(container: &str, ifname: &str) -> Attachment {
+    Attachment {
+        container_id: container.into(),
+        interface: ifname.into(),
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn add_is_idempotent_per_attachment_and_del_releases_only_its_own() {
+    let e = engine(vec![pool(
+        "a",
+        "10.0.0.0/24",
+        &["10.0.0.10-10.0.0.20"],
+        Some("10.0.0.1"),
+    )]);
+    let first = e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(first.allocations.len(), 1);
+    assert_eq!(first.allocations[0].cidr(), "10.0.0.10/24");
+    assert_eq!(first.allocations[0].gateway, Some(ip("10.0.0.1")));
+    let again = e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    assert!(again.repeated);
+    assert_eq!(again.allocations, first.allocations);
+
+    let other = e.add(&add_req("c2", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(other.allocations[0].address, ip("10.0.0.11"));
+
+    assert_eq!(e.del(&att("c1", "eth0")).unwrap().len(), 1);
+    assert!(
+        e.del(&att("c1", "eth0")).unwrap().is_empty(),
+        "DEL is idempotent"
+    );
+    assert_eq!(
+        e.check(&att("c2", "eth0")).unwrap().allocations,
+        other.allocations
+    );
+    assert!(matches!(
+        e.check(&att("c1", "eth0")),
+        Err(AllocError::UnknownAttachment(_))
+    ));
+}
+
+#[test]
+fn routes_carry_the_default_via_gateway_pool_routes_and_annotation_routes() {
+    let mut p = pool("a", "10.0.0.0/24", &[], Some("10.0.0.1"));
+    p.routes = vec![allot_core::pool::Route {
+        dst: "172.16.0.0/12".parse().unwrap(),
+        gw: ip("10.0.0.254"),
+    }];
+    let e = engine(vec![p]);
+    let out = e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    let routes: Vec<String> = out
+        .routes
+        .iter()
+        .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            "0.0.0.0/0 via 10.0.0.1",
+            "172.16.0.0/12 via 10.0.0.254",
+            "192.0.2.0/24 via 10.0.0.1"
+        ]
+    );
+
+    let mut clean = add_req("c2", "eth0", &["a"], &[]);
+    clean
+        .pod
+        .annotations
+        .insert("clean-gateway".into(), "yes".into());
+    let out = e.add(&clean).unwrap();
+    assert_eq!(out.allocations[0].gateway, None);
+    assert!(
+        out.routes.iter().all(|r| r.dst.prefix_len() != 0),
+        "no default route"
+    );
+}
+
+#[test]
+fn dual_stack_gets_one_address_per_family_atomically() {
+    let e = engine(vec![
+        pool("v4", "10.0.0.0/24", &["10.0.0.10"], None),
+        pool("v6", "fd00::/64", &["fd00::10-fd00::11"], None),
+    ]);
+    let out = e.add(&add_req("c1", "eth0", &["v4"], &["v6"])).unwrap();
+    let addrs: Vec<String> = out.allocations.iter().map(|a| a.cidr()).collect();
+    assert_eq!(addrs, ["10.0.0.10/24", "fd00::10/64"]);
+    // v4 is now exhausted: the next dual-stack ADD fails whole, taking no v6 address.
+    let err = e.add(&add_req("c2", "eth0", &["v4"], &["v6"])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AllocError::NoPoolFits {
+                family: IpFamily::V4,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let usage: BTreeMap<String, u64> = e.usage().into_iter().map(|u| (u.name, u.free)).collect();
+    assert_eq!(usage["v6"], 1, "the failed ADD left the v6 pool untouched");
+    assert!(e.store().claims_of(&att("c2", "eth0")).unwrap().is_empty());
+}
+
+#[test]
+fn an_exhausted_pool_falls_through_to_the_next_candidate() {
+    let e = engine(vec![
+        pool("small", "10.0.0.0/24", &["10.0.0.10"], None),
+        pool("big", "10.0.1.0/24", &[], None),
+    ]);
+    let a = e
+        .add(&add_req("c1", "eth0", &["small", "big"], &[]))
+        .unwrap();
+    let b = e
+        .add(&add_req("c2", "eth0", &["small", "big"], &[]))
+        .unwrap();
+    assert_eq!(a.allocations[0].pool, "small");
+    assert_eq!(b.allocations[0].pool, "big");
+    let err = e.add(&add_req("c3", "eth0", &["small"], &[])).unwrap_err();
+    let AllocError::NoPoolFits { summary, trace, .. } = err else {
+        panic!("{err}")
+    };
+    assert!(summary.contains("small exhausted"), "{summary}");
+    assert!(
+        trace.contains("dropped small: exhausted (no free address left of 1)"),
+        "{trace}"
+    );
+}
+
+#[test]
+fn excluded_reserved_and_gateway_addresses_are_never_handed_out() {
+    let mut p = pool("a", "10.0.0.0/24", &["10.0.0.1-10.0.0.6"], Some("10.0.0.1"));
+    p.excluded = allot_core::AddrSet::parse_entries(IpFamily::V4, &["10.0.0.2"]).unwrap();
+    let reserved = Reserved::from_spec(
+        ObjectMeta {
+            name: "r".into(),
+            ..Default::default()
+        },
+        ReservedIpSpec {
+            ip_version: Some(4),
+            ips: vec!["10.0.0.4".into()],
+        },
+    )
+    .unwrap();
+    let e = Engine::new(MemoryStore::new(), CniDefaultsPolicy);
+    e.load(vec![p], vec![], vec![reserved]).unwrap();
+    let mut got = Vec::new();
+    for i in 0..10 {
+        match e.add(&add_req(&format!("c{i}"), "eth0", &["a"], &[])) {
+            Ok(out) => got.push(out.allocations[0].address.to_string()),
+            Err(AllocError::NoPoolFits { .. }) => break,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(got, ["10.0.0.3", "10.0.0.5", "10.0.0.6"]);
+}
+
+#[test]
+fn multi_nic_attachments_are_independent() {
+    let e = engine(vec![
+        pool("a", "10.0.0.0/24", &["10.0.0.10"], None),
+        pool("b", "10.0.1.0/24", &["10.0.1.10"], None),
+    ]);
+    let eth0 = e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    // net1's pool is exhausted by someone else: net1 fails, eth0 keeps its address.
+    e.add(&add_req("other", "eth0", &["b"], &[])).unwrap();
+    assert!(e.add(&add_req("c1", "net1", &["b"], &[])).is_err());
+    assert!(
+        e.add(&add_req("c1", "net1", &["b"], &[])).is_err(),
+        "a retry neither leaks nor consumes"
+    );
+    assert_eq!(
+        e.check(&att("c1", "eth0")).unwrap().allocations,
+        eth0.allocations
+    );
+    assert_eq!(e.store().all().unwrap().len(), 2);
+}
+
+#[test]
+fn a_statefulset_pod_gets_its_address_back_while_its_pool_is_unchanged() {
+    let e = engine(vec![
+        pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.12"], None),
+        pool("b", "10.0.1.0/24", &["10.0.1.10-10.0.1.12"], None),
+    ]);
+    let stateful = |container: &str, v4: &[&str]| {
+        let mut r = add_req(container, "eth0", v4, &[]);
+        r.pod.name = "web-0".into();
+        r.pod.owner = Some(Owner {
+            kind: "StatefulSet".into(),
+            name: "web".into(),
+        });
+        r
+    };
+    e.add(&add_req("x", "eth0", &["a"], &[])).unwrap();
+    let first = e.add(&stateful("c1", &["a"])).unwrap();
+    assert_eq!(first.allocations[0].address, ip("10.0.0.11"));
+    e.del(&att("c1", "eth0")).unwrap();
+    assert_eq!(
+        e.store().detached_of("ns", "web-0").unwrap().len(),
+        1,
+        "kept, not released"
+    );
+    // Another pod cannot take the kept address.
+    let other = e.add(&add_req("y", "eth0", &["a"], &[])).unwrap();
+    assert_ne!(other.allocations[0].address, ip("10.0.0.11"));
+    // The pod comes back in a new sandbox: same address.
+    let back = e.add(&stateful("c2", &["a"])).unwrap();
+    assert_eq!(back.allocations[0].address, ip("10.0.0.11"));
+    // Its pools change: a fresh address from the new pool; the kept one stays kept until GC.
+    e.del(&att("c2", "eth0")).unwrap();
+    let moved = e.add(&stateful("c3", &["b"])).unwrap();
+    assert_eq!(moved.allocations[0].pool, "b");
+}
+
+#[test]
+fn gc_releases_every_claim_not_listed_as_valid() {
+    let e = engine(vec![pool(
+        "a",
+        "10.0.0.0/24",
+        &["10.0.0.10-10.0.0.20"],
+        None,
+    )]);
+    for c in ["c1", "c2", "c3"] {
+        e.add(&add_req(c, "eth0", &["a"], &[])).unwrap();
+    }
+    let mut elsewhere = add_req("c9", "net1", &["a"], &[]);
+    elsewhere.network = "net-b".into();
+    e.add(&elsewhere).unwrap();
+    let valid = BTreeSet::from([att("c2", "eth0")]);
+    let released = e.gc("net-a", &valid).unwrap();
+    let mut gone: Vec<String> = released
+        .iter()
+        .map(|c| c.attachment.clone().unwrap().container_id)
+        .collect();
+    gone.sort();
+    assert_eq!(gone, ["c1", "c3"], "net-b's claim is not net-a's garbage");
+    assert_eq!(e.store().all().unwrap().len(), 2);
+    assert_eq!(e.usage()[0].free, 9);
+}
+
+#[test]
+fn reload_keeps_claims_and_rebuilds_indexes_from_the_store() {
+    let store = MemoryStore::new();
+    store
+        .claim(&[Claim {
+            address: ip("10.0.0.10"),
+            pool: "a".into(),
+            network: "net-a".into(),
+            attachment: Some(att("old", "eth0")),
+            pod: PodRef::default(),
+            updated_at: 0,
+        }])
+        .unwrap();
+    let e = Engine::new(store, CniDefaultsPolicy);
+    e.load(
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.11"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    let out = e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(
+        out.allocations[0].address,
+        ip("10.0.0.11"),
+        "the claimed .10 is not free"
+    );
+    // The pool is renamed: the claim on .10 still keeps it out of every index.
+    e.load(
+        vec![pool(
+            "renamed",
+            "10.0.0.0/24",
+            &["10.0.0.10-10.0.0.12"],
+            None,
+        )],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    let out = e.add(&add_req("c2", "eth0", &["renamed"], &[])).unwrap();
+    assert_eq!(out.allocations[0].address, ip("10.0.0.12"));
+}
+
+/// A store shared with another (simulated) agent that already holds some addresses the engine's
+/// index thinks are free.
+struct RacingStore {
+    inner: MemoryStore,
+}
+
+impl Store for RacingStore {
+    fn claim(&self, claims: &[Claim]) -> Result<(), StoreError> {
+        self.inner.claim(claims)
+    }
+    fn release_attachment(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
+        self.inner.release_attachment(a)
+    }
+    fn release(&self, addr: IpAddr, a: Option<&Attachment>) -> Result<bool, StoreError> {
+        self.inner.release(addr, a)
+    }
+    fn detach(&self, a: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
+        self.inner.detach(a, now)
+    }
+    fn reattach(
+        &self,
+        addr: IpAddr,
+        pod: &PodRef,
+        a: &Attachment,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        self.inner.reattach(addr, pod, a, now)
+    }
+    fn claims_of(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claims_of(a)
+    }
+    fn detached_of(&self, ns: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
+        self.inner.detached_of(ns, name)
+    }
+    fn all(&self) -> Result<Vec<Claim>, StoreError> {
+        // The other agent's claims are invisible when the index is built.
+        Ok(self
+            .inner
+            .all()?
+            .into_iter()
+            .filter(|c| c.pool != "other-agent")
+            .collect())
+    }
+}
+
+#[test]
+fn lost_races_are_retried_with_other_addresses() {
+    let inner = MemoryStore::new();
+    let theirs: Vec<Claim> = ["10.0.0.10", "10.0.0.11"]
+        .iter()
+        .map(|a| Claim {
+            address: ip(a),
+            pool: "other-agent".into(),
+            network: "net-a".into(),
+            attachment: Some(att("theirs", a)),
+            pod: PodRef::default(),
+            updated_at: 0,
+        })
+        .collect();
+    inner.claim(&theirs).unwrap();
+    let e = Engine::new(RacingStore { inner }, CniDefaultsPolicy);
+    e.load(
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.12"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    let out = e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(out.allocations[0].address, ip("10.0.0.12"));
+    assert!(
+        e.add(&add_req("c2", "eth0", &["a"], &[])).is_err(),
+        "nothing left"
+    );
+}
+
+#[test]
+fn concurrent_adds_get_distinct_addresses() {
+    let e = Arc::new(engine(vec![pool("a", "10.0.0.0/16", &[], None)]));
+    let barrier = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (e, barrier) = (e.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                (0..200)
+                    .map(|i| {
+                        e.add(&add_req(&format!("t{t}-{i}"), "eth0", &["a"], &[]))
+                            .unwrap()
+                            .allocations[0]
+                            .address
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut all = HashSet::new();
+    for t in threads {
+        for a in t.join().unwrap() {
+            assert!(all.insert(a), "{a} handed out twice");
+        }
+    }
+    assert_eq!(all.len(), 1600);
+}
+
+#[test]
+fn adds_before_pools_are_loaded_fail_clearly() {
+    let e = Engine::new(MemoryStore::new(), CniDefaultsPolicy);
+    assert!(matches!(
+        e.add(&add_req("c1", "eth0", &["a"], &[])),
+        Err(AllocError::NotLoaded)
+    ));
+}

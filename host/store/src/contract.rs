@@ -1,0 +1,1119 @@
+//! The backend-independent contract every [`Store`] must pass.
+//!
+//! Each check is a `pub fn` that panics (with a message saying which promise broke) when the
+//! backend misbehaves. [`store_contract_tests!`](crate::store_contract_tests) expands to one
+//! `#[test]` per check, so that a test run names the behaviour that failed:
+//!
+//! ```ignore
+//! mod contract {
+//!     use allot_store::SqliteStore;
+//!     allot_store::store_contract_tests! {
+//!         // A fresh, empty location for a store, and whatever must outlive the store.
+//!         location: || tempfile::tempdir().unwrap(),
+//!         // Opens a store at a location; may be called more than once per location (two
+//!         // handles racing; reopening after a drop).
+//!         open: |dir: &tempfile::TempDir| SqliteStore::open(dir.path().join("claims.db")).unwrap(),
+//!     }
+//! }
+//! ```
+//!
+//! A location is whatever identifies one store's data: a temporary directory for SQLite, a key
+//! prefix for etcd, a label or namespace scope for Kubernetes. A volatile (in-memory) backend
+//! can use an `Arc` of its shared state as the location, which makes "reopen" trivially true.
+//!
+//! Checks taking a store want it empty. Checks taking a location and an `open` function open
+//! several handles on it: they check that independent clients (threads, processes, agents)
+//! race safely and that what was committed is still there after reopening.
+//!
+//! When adding a check, add its name to the macro's list as well.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Barrier;
+use std::thread;
+
+use allot_core::store::{Attachment, Claim, PodRef, Store, StoreError};
+
+/// Threads in the concurrency checks.
+pub const THREADS: usize = 16;
+
+const T0: u64 = 1_700_000_000;
+
+/// Expands to one `#[test]` per contract check. See the [module documentation](crate::contract).
+#[macro_export]
+macro_rules! store_contract_tests {
+    (location: $location:expr, open: $open:expr $(,)?) => {
+        $crate::store_contract_tests!(@store [$location] [$open]
+            claim_then_claims_of
+            empty_batch_is_a_no_op
+            claim_of_held_address_conflicts
+            batch_is_all_or_nothing
+            batch_naming_one_address_twice_conflicts
+            released_address_can_be_claimed_again
+            release_attachment_releases_only_that_attachment
+            release_attachment_is_idempotent
+            release_only_by_the_holder
+            release_of_unclaimed_address_is_false
+            detach_keeps_addresses_for_the_pod
+            detach_of_nothing_is_empty
+            reattach_same_pod_succeeds
+            reattach_other_pod_is_stale
+            reattach_twice_is_stale
+            reattach_of_attached_or_missing_is_stale
+            release_detached_with_none
+            release_attachment_leaves_detached_claims
+            all_lists_everything
+            ipv4_and_ipv6
+            fields_round_trip
+            concurrent_claims_of_one_address_have_one_winner
+            concurrent_overlapping_batches_are_all_or_nothing
+            concurrent_claims_of_distinct_addresses_all_succeed
+            concurrent_releases_have_one_winner
+            concurrent_reattach_has_one_winner
+        );
+        $crate::store_contract_tests!(@location [$location] [$open]
+            reopen_keeps_everything
+            handles_on_one_location_race_safely
+        );
+    };
+    (@store [$location:expr] [$open:expr] $($check:ident)*) => {
+        $(
+            #[test]
+            fn $check() {
+                let location = ($location)();
+                let open = $open;
+                let store = open(&location);
+                $crate::contract::$check(&store);
+            }
+        )*
+    };
+    (@location [$location:expr] [$open:expr] $($check:ident)*) => {
+        $(
+            #[test]
+            fn $check() {
+                let location = ($location)();
+                $crate::contract::$check(&location, $open);
+            }
+        )*
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Builders.
+
+/// Parses an address (test data: panics on a typo).
+pub fn ip(s: &str) -> IpAddr {
+    s.parse()
+        .unwrap_or_else(|e| panic!("bad test address {s:?}: {e}"))
+}
+
+pub fn attachment(container_id: &str, interface: &str) -> Attachment {
+    Attachment {
+        container_id: container_id.to_string(),
+        interface: interface.to_string(),
+    }
+}
+
+pub fn pod(namespace: &str, name: &str, uid: &str) -> PodRef {
+    PodRef {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        uid: uid.to_string(),
+        owner_kind: None,
+        owner_name: None,
+    }
+}
+
+/// A pod of the StatefulSet `name` minus its ordinal.
+pub fn stateful_pod(namespace: &str, name: &str, uid: &str) -> PodRef {
+    let set = name.rsplit_once('-').map_or(name, |(set, _)| set);
+    PodRef {
+        owner_kind: Some("StatefulSet".to_string()),
+        owner_name: Some(set.to_string()),
+        ..pod(namespace, name, uid)
+    }
+}
+
+pub fn claim(
+    address: &str,
+    pool: &str,
+    attachment: Option<&Attachment>,
+    pod: &PodRef,
+    updated_at: u64,
+) -> Claim {
+    Claim {
+        address: ip(address),
+        pool: pool.to_string(),
+        network: "net-a".to_string(),
+        attachment: attachment.cloned(),
+        pod: pod.clone(),
+        updated_at,
+    }
+}
+
+fn sorted(mut claims: Vec<Claim>) -> Vec<Claim> {
+    claims.sort_by_key(|c| c.address);
+    claims
+}
+
+fn must<T>(what: &str, r: Result<T, StoreError>) -> T {
+    r.unwrap_or_else(|e| panic!("{what}: unexpected error: {e}"))
+}
+
+fn all(store: &dyn Store) -> Vec<Claim> {
+    sorted(must("all", store.all()))
+}
+
+/// The `i`th test address of a family: 10.`net`.x.y or fd00:`net`::i.
+fn nth(net: u8, i: usize, v6: bool) -> IpAddr {
+    if v6 {
+        ip(&format!("fd00:{net:x}::{i:x}"))
+    } else {
+        ip(&format!("10.{net}.{}.{}", i / 256, i % 256))
+    }
+}
+
+/// A claim on `address` by `attachment`, for pod `pod-<container_id>`.
+fn claim_at(address: IpAddr, attachment: &Attachment) -> Claim {
+    Claim {
+        address,
+        pool: "race".to_string(),
+        network: "net-a".to_string(),
+        attachment: Some(attachment.clone()),
+        pod: pod(
+            "race",
+            &format!("pod-{}", attachment.container_id),
+            &format!("uid-{}", attachment.container_id),
+        ),
+        updated_at: T0,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks on one store.
+
+/// A claim is returned by `claims_of` of its attachment, with every field as written.
+pub fn claim_then_claims_of(store: &dyn Store) {
+    let eth0 = attachment("c1", "eth0");
+    let p = pod("default", "web-1", "uid-1");
+    let claims = vec![
+        claim("10.0.0.2", "v4", Some(&eth0), &p, T0),
+        claim("fd00::2", "v6", Some(&eth0), &p, T0),
+    ];
+    must("claim", store.claim(&claims));
+    assert_eq!(
+        sorted(must("claims_of", store.claims_of(&eth0))),
+        claims,
+        "claims_of returns what was claimed"
+    );
+    assert_eq!(
+        must("claims_of", store.claims_of(&attachment("c2", "eth0"))),
+        vec![],
+        "another attachment holds nothing"
+    );
+    assert_eq!(all(store), claims);
+}
+
+/// Claiming nothing succeeds and writes nothing.
+pub fn empty_batch_is_a_no_op(store: &dyn Store) {
+    must("claim of an empty batch", store.claim(&[]));
+    assert_eq!(all(store), vec![]);
+}
+
+/// A held address cannot be claimed again, by another attachment or by the holder, and the
+/// holder's claim is left as it was.
+pub fn claim_of_held_address_conflicts(store: &dyn Store) {
+    let (a, b) = (attachment("c1", "eth0"), attachment("c2", "eth0"));
+    let held = claim("10.0.0.5", "p", Some(&a), &pod("ns", "a", "uid-a"), T0);
+    must("claim", store.claim(std::slice::from_ref(&held)));
+    let theirs = claim("10.0.0.5", "q", Some(&b), &pod("ns", "b", "uid-b"), T0 + 1);
+    assert_eq!(
+        store.claim(&[theirs]),
+        Err(StoreError::Conflict(ip("10.0.0.5")))
+    );
+    assert_eq!(
+        store.claim(std::slice::from_ref(&held)),
+        Err(StoreError::Conflict(ip("10.0.0.5"))),
+        "even by the holder"
+    );
+    assert_eq!(all(store), vec![held]);
+}
+
+/// A batch with one conflicting address writes none of its claims, wherever the conflict is.
+pub fn batch_is_all_or_nothing(store: &dyn Store) {
+    let holder = attachment("holder", "eth0");
+    let held = claim(
+        "10.0.0.3",
+        "p",
+        Some(&holder),
+        &pod("ns", "holder", "u0"),
+        T0,
+    );
+    must("claim", store.claim(std::slice::from_ref(&held)));
+
+    let late = attachment("late", "eth0");
+    let p = pod("ns", "late", "u1");
+    for batch in [
+        vec![
+            claim("10.0.0.1", "p", Some(&late), &p, T0),
+            claim("10.0.0.3", "p", Some(&late), &p, T0),
+        ],
+        vec![
+            claim("10.0.0.3", "p", Some(&late), &p, T0),
+            claim("10.0.0.4", "p", Some(&late), &p, T0),
+        ],
+        vec![
+            claim("10.0.0.1", "p", Some(&late), &p, T0),
+            claim("fd00::1", "p6", Some(&late), &p, T0),
+            claim("10.0.0.3", "p", Some(&late), &p, T0),
+            claim("10.0.0.4", "p", Some(&late), &p, T0),
+        ],
+    ] {
+        let addresses: Vec<String> = batch.iter().map(|c| c.address.to_string()).collect();
+        assert_eq!(
+            store.claim(&batch),
+            Err(StoreError::Conflict(ip("10.0.0.3"))),
+            "batch {addresses:?} conflicts on 10.0.0.3"
+        );
+        assert_eq!(
+            must("claims_of", store.claims_of(&late)),
+            vec![],
+            "batch {addresses:?}: nothing written"
+        );
+        assert_eq!(
+            all(store),
+            vec![held.clone()],
+            "batch {addresses:?}: nothing written"
+        );
+    }
+    // The addresses that were not in conflict are still free.
+    must(
+        "claim",
+        store.claim(&[
+            claim("10.0.0.1", "p", Some(&late), &p, T0),
+            claim("10.0.0.4", "p", Some(&late), &p, T0),
+        ]),
+    );
+}
+
+/// A batch naming one address twice conflicts on it and writes nothing.
+pub fn batch_naming_one_address_twice_conflicts(store: &dyn Store) {
+    let a = attachment("c1", "eth0");
+    let p = pod("ns", "a", "u");
+    let batch = [
+        claim("10.0.0.1", "p", Some(&a), &p, T0),
+        claim("10.0.0.2", "p", Some(&a), &p, T0),
+        claim("10.0.0.1", "p", Some(&a), &p, T0),
+    ];
+    assert_eq!(
+        store.claim(&batch),
+        Err(StoreError::Conflict(ip("10.0.0.1")))
+    );
+    assert_eq!(all(store), vec![]);
+}
+
+/// Once released, an address can be claimed by anyone.
+pub fn released_address_can_be_claimed_again(store: &dyn Store) {
+    let (a, b) = (attachment("c1", "eth0"), attachment("c2", "eth0"));
+    must(
+        "claim",
+        store.claim(&[claim("10.0.0.9", "p", Some(&a), &pod("ns", "a", "ua"), T0)]),
+    );
+    assert!(must("release", store.release(ip("10.0.0.9"), Some(&a))));
+    let again = claim("10.0.0.9", "p", Some(&b), &pod("ns", "b", "ub"), T0 + 5);
+    must(
+        "claim after release",
+        store.claim(std::slice::from_ref(&again)),
+    );
+    assert_eq!(all(store), vec![again]);
+
+    let released = must("release_attachment", store.release_attachment(&b));
+    assert_eq!(released.len(), 1);
+    must(
+        "claim after release_attachment",
+        store.claim(&[claim("10.0.0.9", "p", Some(&a), &pod("ns", "a", "ua"), T0)]),
+    );
+}
+
+/// `release_attachment` removes and returns exactly the claims of that attachment: not those
+/// of another container, nor of another interface of the same container, nor detached ones.
+pub fn release_attachment_releases_only_that_attachment(store: &dyn Store) {
+    let eth0 = attachment("c1", "eth0");
+    let net1 = attachment("c1", "net1");
+    let other = attachment("c2", "eth0");
+    let p = pod("ns", "a", "ua");
+    let mine = vec![
+        claim("10.0.0.1", "p", Some(&eth0), &p, T0),
+        claim("fd00::1", "p6", Some(&eth0), &p, T0),
+    ];
+    let theirs = vec![
+        claim("10.0.0.2", "p", Some(&net1), &p, T0),
+        claim("10.0.0.3", "p", Some(&other), &pod("ns", "b", "ub"), T0),
+    ];
+    must("claim", store.claim(&mine));
+    must("claim", store.claim(&theirs));
+
+    assert_eq!(
+        sorted(must("release_attachment", store.release_attachment(&eth0))),
+        mine
+    );
+    assert_eq!(must("claims_of", store.claims_of(&eth0)), vec![]);
+    assert_eq!(
+        all(store),
+        theirs,
+        "other attachments' claims are untouched"
+    );
+}
+
+/// Releasing an attachment twice, or one that never held anything, is `Ok(vec![])`.
+pub fn release_attachment_is_idempotent(store: &dyn Store) {
+    let a = attachment("c1", "eth0");
+    assert_eq!(
+        must(
+            "release_attachment of nothing",
+            store.release_attachment(&a)
+        ),
+        vec![]
+    );
+    must(
+        "claim",
+        store.claim(&[claim("10.0.0.1", "p", Some(&a), &pod("ns", "a", "u"), T0)]),
+    );
+    assert_eq!(
+        must("release_attachment", store.release_attachment(&a)).len(),
+        1
+    );
+    assert_eq!(
+        must("second release_attachment", store.release_attachment(&a)),
+        vec![]
+    );
+    assert_eq!(all(store), vec![]);
+}
+
+/// `release` succeeds only for the attachment holding the address.
+pub fn release_only_by_the_holder(store: &dyn Store) {
+    let holder = attachment("c1", "eth0");
+    let held = claim("10.0.0.1", "p", Some(&holder), &pod("ns", "a", "u"), T0);
+    must("claim", store.claim(std::slice::from_ref(&held)));
+
+    for not_holder in [
+        attachment("c2", "eth0"),
+        attachment("c1", "net1"),
+        attachment("c2", "net1"),
+    ] {
+        assert!(
+            !must("release", store.release(ip("10.0.0.1"), Some(&not_holder))),
+            "{not_holder} does not hold it"
+        );
+    }
+    assert!(
+        !must("release", store.release(ip("10.0.0.1"), None)),
+        "it is not detached"
+    );
+    assert_eq!(all(store), vec![held], "the claim is intact");
+
+    assert!(
+        must("release", store.release(ip("10.0.0.1"), Some(&holder))),
+        "the holder releases it"
+    );
+    assert!(
+        !must("release", store.release(ip("10.0.0.1"), Some(&holder))),
+        "only once"
+    );
+    assert_eq!(all(store), vec![]);
+}
+
+/// Releasing an address nobody holds is `Ok(false)`.
+pub fn release_of_unclaimed_address_is_false(store: &dyn Store) {
+    assert!(!must(
+        "release",
+        store.release(ip("10.0.0.1"), Some(&attachment("c1", "eth0")))
+    ));
+    assert!(!must("release", store.release(ip("fd00::1"), None)));
+}
+
+/// `detach` keeps the claims for the pod: they leave the attachment, show up in `detached_of`
+/// of that pod only, keep their address taken, and carry the detach time.
+pub fn detach_keeps_addresses_for_the_pod(store: &dyn Store) {
+    let eth0 = attachment("c1", "eth0");
+    let p = stateful_pod("db", "pg-0", "uid-1");
+    let claims = vec![
+        claim("10.0.0.1", "p", Some(&eth0), &p, T0),
+        claim("fd00::1", "p6", Some(&eth0), &p, T0),
+    ];
+    must("claim", store.claim(&claims));
+    // A claim of the same pod on another attachment stays attached.
+    let net1 = attachment("c1", "net1");
+    let other_nic = claim("10.1.0.1", "q", Some(&net1), &p, T0);
+    must("claim", store.claim(std::slice::from_ref(&other_nic)));
+
+    let detached: Vec<Claim> = claims
+        .iter()
+        .map(|c| Claim {
+            attachment: None,
+            updated_at: T0 + 10,
+            ..c.clone()
+        })
+        .collect();
+    assert_eq!(
+        sorted(must("detach", store.detach(&eth0, T0 + 10))),
+        detached
+    );
+    assert_eq!(
+        must("claims_of", store.claims_of(&eth0)),
+        vec![],
+        "the attachment holds nothing now"
+    );
+    assert_eq!(
+        sorted(must("detached_of", store.detached_of("db", "pg-0"))),
+        detached
+    );
+    assert_eq!(
+        must("detached_of", store.detached_of("db", "pg-1")),
+        vec![],
+        "another pod"
+    );
+    assert_eq!(
+        must("detached_of", store.detached_of("other", "pg-0")),
+        vec![],
+        "another namespace"
+    );
+    assert_eq!(must("claims_of", store.claims_of(&net1)), vec![other_nic]);
+
+    let intruder = attachment("c9", "eth0");
+    assert_eq!(
+        store.claim(&[claim(
+            "10.0.0.1",
+            "p",
+            Some(&intruder),
+            &pod("db", "x", "u9"),
+            T0
+        )]),
+        Err(StoreError::Conflict(ip("10.0.0.1"))),
+        "a detached address is still taken"
+    );
+}
+
+/// Detaching an attachment that holds nothing is `Ok(vec![])`.
+pub fn detach_of_nothing_is_empty(store: &dyn Store) {
+    assert_eq!(
+        must("detach", store.detach(&attachment("c1", "eth0"), T0)),
+        vec![]
+    );
+    assert_eq!(all(store), vec![]);
+}
+
+/// The same pod (namespace and name) gets its detached address back on a new attachment; the
+/// claim then carries the new attachment, the new pod's UID and owner, and the reattach time.
+pub fn reattach_same_pod_succeeds(store: &dyn Store) {
+    let old = attachment("c1", "eth0");
+    let before = stateful_pod("db", "pg-0", "uid-1");
+    must(
+        "claim",
+        store.claim(&[claim("10.0.0.1", "p", Some(&old), &before, T0)]),
+    );
+    must("detach", store.detach(&old, T0 + 10));
+
+    let new = attachment("c2", "eth0");
+    let after = stateful_pod("db", "pg-0", "uid-2");
+    let expected = claim("10.0.0.1", "p", Some(&new), &after, T0 + 20);
+    assert_eq!(
+        must(
+            "reattach",
+            store.reattach(ip("10.0.0.1"), &after, &new, T0 + 20)
+        ),
+        expected
+    );
+    assert_eq!(
+        must("claims_of", store.claims_of(&new)),
+        vec![expected.clone()]
+    );
+    assert_eq!(must("detached_of", store.detached_of("db", "pg-0")), vec![]);
+    assert_eq!(must("claims_of", store.claims_of(&old)), vec![]);
+    assert_eq!(all(store), vec![expected]);
+}
+
+/// Another pod (other name, or same name in another namespace) cannot take a detached claim.
+pub fn reattach_other_pod_is_stale(store: &dyn Store) {
+    let old = attachment("c1", "eth0");
+    let owner = stateful_pod("db", "pg-0", "uid-1");
+    must(
+        "claim",
+        store.claim(&[claim("10.0.0.1", "p", Some(&old), &owner, T0)]),
+    );
+    let detached = must("detach", store.detach(&old, T0 + 10));
+
+    let new = attachment("c2", "eth0");
+    for other in [
+        stateful_pod("db", "pg-1", "uid-2"),
+        stateful_pod("other", "pg-0", "uid-3"),
+    ] {
+        assert_eq!(
+            store.reattach(ip("10.0.0.1"), &other, &new, T0 + 20),
+            Err(StoreError::Stale(ip("10.0.0.1"))),
+            "{}/{} is another pod",
+            other.namespace,
+            other.name
+        );
+    }
+    assert_eq!(
+        all(store),
+        detached,
+        "the claim is still detached, unchanged"
+    );
+}
+
+/// A detached claim is reattached once: a second reattach (by any attachment) is stale.
+pub fn reattach_twice_is_stale(store: &dyn Store) {
+    let old = attachment("c1", "eth0");
+    let p = stateful_pod("db", "pg-0", "uid-1");
+    must(
+        "claim",
+        store.claim(&[claim("10.0.0.1", "p", Some(&old), &p, T0)]),
+    );
+    must("detach", store.detach(&old, T0 + 10));
+
+    let first = attachment("c2", "eth0");
+    let won = must(
+        "reattach",
+        store.reattach(ip("10.0.0.1"), &p, &first, T0 + 20),
+    );
+    for again in [attachment("c3", "eth0"), first.clone()] {
+        assert_eq!(
+            store.reattach(ip("10.0.0.1"), &p, &again, T0 + 30),
+            Err(StoreError::Stale(ip("10.0.0.1"))),
+            "second reattach by {again}"
+        );
+    }
+    assert_eq!(all(store), vec![won]);
+}
+
+/// Reattaching an attached claim, or an address nobody holds, is stale.
+pub fn reattach_of_attached_or_missing_is_stale(store: &dyn Store) {
+    let a = attachment("c1", "eth0");
+    let p = stateful_pod("db", "pg-0", "uid-1");
+    let held = claim("10.0.0.1", "p", Some(&a), &p, T0);
+    must("claim", store.claim(std::slice::from_ref(&held)));
+    let new = attachment("c2", "eth0");
+    assert_eq!(
+        store.reattach(ip("10.0.0.1"), &p, &new, T0 + 1),
+        Err(StoreError::Stale(ip("10.0.0.1"))),
+        "attached"
+    );
+    assert_eq!(
+        store.reattach(ip("10.0.0.2"), &p, &new, T0 + 1),
+        Err(StoreError::Stale(ip("10.0.0.2"))),
+        "missing"
+    );
+    assert_eq!(all(store), vec![held]);
+}
+
+/// A detached claim is released with `None`, not with the attachment that used to hold it.
+pub fn release_detached_with_none(store: &dyn Store) {
+    let a = attachment("c1", "eth0");
+    let p = stateful_pod("db", "pg-0", "uid-1");
+    must(
+        "claim",
+        store.claim(&[
+            claim("10.0.0.1", "p", Some(&a), &p, T0),
+            claim("10.0.0.2", "p", Some(&a), &p, T0),
+        ]),
+    );
+    must("detach", store.detach(&a, T0 + 10));
+
+    assert!(
+        !must("release", store.release(ip("10.0.0.1"), Some(&a))),
+        "the old attachment no longer holds it"
+    );
+    assert!(must("release", store.release(ip("10.0.0.1"), None)));
+    assert!(
+        !must("release", store.release(ip("10.0.0.1"), None)),
+        "only once"
+    );
+    assert_eq!(
+        must("detached_of", store.detached_of("db", "pg-0")),
+        vec![claim("10.0.0.2", "p", None, &p, T0 + 10)]
+    );
+}
+
+/// DEL of an attachment whose claims were detached releases nothing: they are kept for the pod.
+pub fn release_attachment_leaves_detached_claims(store: &dyn Store) {
+    let a = attachment("c1", "eth0");
+    let p = stateful_pod("db", "pg-0", "uid-1");
+    must(
+        "claim",
+        store.claim(&[claim("10.0.0.1", "p", Some(&a), &p, T0)]),
+    );
+    let detached = must("detach", store.detach(&a, T0 + 10));
+    assert_eq!(
+        must("release_attachment", store.release_attachment(&a)),
+        vec![]
+    );
+    assert_eq!(all(store), detached);
+}
+
+/// `all` lists attached and detached claims of every pool and family.
+pub fn all_lists_everything(store: &dyn Store) {
+    let (a, b, c) = (
+        attachment("c1", "eth0"),
+        attachment("c2", "net1"),
+        attachment("c3", "eth0"),
+    );
+    let mut expected = vec![
+        claim("10.0.0.1", "p", Some(&a), &pod("ns", "a", "ua"), T0),
+        claim("10.0.0.2", "p", Some(&b), &pod("ns", "b", "ub"), T0),
+        claim("192.168.7.1", "q", Some(&b), &pod("ns", "b", "ub"), T0),
+        claim("fd00::1", "p6", Some(&a), &pod("ns", "a", "ua"), T0),
+        claim(
+            "2001:db8::1",
+            "q6",
+            Some(&c),
+            &stateful_pod("db", "pg-0", "uc"),
+            T0,
+        ),
+    ];
+    for claim in &expected {
+        must("claim", store.claim(std::slice::from_ref(claim)));
+    }
+    must("detach", store.detach(&c, T0 + 1));
+    expected[4].attachment = None;
+    expected[4].updated_at = T0 + 1;
+    assert_eq!(all(store), sorted(expected));
+}
+
+/// IPv4 and IPv6 addresses are distinct keys, written in any textual form and read back equal;
+/// an IPv4-mapped IPv6 address is not the IPv4 address.
+pub fn ipv4_and_ipv6(store: &dyn Store) {
+    let a = attachment("c1", "eth0");
+    let p = pod("ns", "a", "u");
+    let addresses = [
+        "0.0.0.0",
+        "10.0.0.1",
+        "255.255.255.255",
+        "::",
+        "::1",
+        "::ffff:10.0.0.1",
+        "2001:db8::1",
+        "2001:db8:0:0:1:0:0:1",
+        "fd00:1:2:3:4:5:6:7",
+        "fe80::1:2",
+        "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+    ];
+    let claims: Vec<Claim> = addresses
+        .iter()
+        .map(|s| claim(s, "p", Some(&a), &p, T0))
+        .collect();
+    must("claim", store.claim(&claims));
+    assert_eq!(
+        sorted(must("claims_of", store.claims_of(&a))),
+        sorted(claims.clone())
+    );
+
+    // The same addresses spelled differently are the same keys.
+    for spelled in [
+        "2001:0db8:0000:0000:0000:0000:0000:0001",
+        "2001:DB8::1",
+        "FD00:1:2:3:4:5:6:7",
+        "0:0:0:0:0:0:0:1",
+    ] {
+        let again = claim(spelled, "p", Some(&attachment("c2", "eth0")), &p, T0);
+        assert_eq!(
+            store.claim(std::slice::from_ref(&again)),
+            Err(StoreError::Conflict(again.address)),
+            "{spelled}"
+        );
+    }
+    assert!(must(
+        "release",
+        store.release(ip("::ffff:10.0.0.1"), Some(&a))
+    ));
+    assert_eq!(
+        must("claims_of", store.claims_of(&a))
+            .iter()
+            .filter(|c| c.address == ip("10.0.0.1"))
+            .count(),
+        1,
+        "releasing ::ffff:10.0.0.1 leaves 10.0.0.1"
+    );
+}
+
+/// Every field survives the round trip, including empty, quoted and non-ASCII strings, owners
+/// present or absent, and times far in the future.
+pub fn fields_round_trip(store: &dyn Store) {
+    let odd = Attachment {
+        container_id: "0123456789abcdef".repeat(4),
+        interface: "net1'; DROP TABLE claims; --".to_string(),
+    };
+    let claims = vec![
+        Claim {
+            address: ip("10.9.9.9"),
+            pool: "pööl \"quoted\" 'single'".to_string(),
+            network: "net-a".to_string(),
+            attachment: Some(odd.clone()),
+            pod: PodRef {
+                namespace: "名前空間".to_string(),
+                name: "pod%_*?".to_string(),
+                uid: "6f1c3e2a-6f1c-4a1b-9c8d-0123456789ab".to_string(),
+                owner_kind: Some("ReplicaSet".to_string()),
+                owner_name: Some(String::new()),
+            },
+            updated_at: 0,
+        },
+        Claim {
+            address: ip("fd00::9"),
+            pool: String::new(),
+            network: "net-a".to_string(),
+            attachment: Some(odd.clone()),
+            pod: PodRef::default(),
+            updated_at: 4_102_444_800, // 2100-01-01
+        },
+    ];
+    must("claim", store.claim(&claims));
+    assert_eq!(sorted(must("claims_of", store.claims_of(&odd))), claims);
+    assert_eq!(
+        must("detached_of", store.detached_of("名前空間", "pod%")),
+        vec![],
+        "no pattern matching"
+    );
+    assert_eq!(all(store), claims);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Concurrency.
+
+/// Runs `f(thread index)` on [`THREADS`] threads released together by a barrier.
+fn race<T: Send>(f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let barrier = Barrier::new(THREADS);
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (barrier, f) = (&barrier, &f);
+                s.spawn(move || {
+                    barrier.wait();
+                    f(t)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a racing thread panicked"))
+            .collect()
+    })
+}
+
+/// Checks that each address was won by exactly one racer, that everyone else got `Conflict` for
+/// it, and that the store holds each address for its winner. `results[t][i]` is racer `t`'s
+/// outcome on `addresses[i]`; racer `t` claims as `racer-t/eth0`.
+fn one_winner_each(
+    store: &dyn Store,
+    addresses: &[IpAddr],
+    results: &[Vec<Result<(), StoreError>>],
+) {
+    let mut winners = BTreeMap::new();
+    for (i, &address) in addresses.iter().enumerate() {
+        let mut won = Vec::new();
+        for (t, outcome) in results.iter().enumerate() {
+            match &outcome[i] {
+                Ok(()) => won.push(t),
+                Err(StoreError::Conflict(a)) if *a == address => {}
+                Err(e) => panic!(
+                    "racer {t} claiming {address}: expected success or Conflict({address}), got {e}"
+                ),
+            }
+        }
+        assert_eq!(
+            won.len(),
+            1,
+            "{address} must have exactly one winner, has {won:?}"
+        );
+        winners.insert(address, attachment(&format!("racer-{}", won[0]), "eth0"));
+    }
+    let held: BTreeMap<IpAddr, Attachment> = all(store)
+        .into_iter()
+        .map(|c| (c.address, c.attachment.expect("racers claim attached")))
+        .collect();
+    assert_eq!(held, winners, "the store holds each address for its winner");
+}
+
+/// [`THREADS`] threads claim the same addresses at the same moment: each address has exactly one
+/// winner, every other thread gets `Conflict`.
+pub fn concurrent_claims_of_one_address_have_one_winner(store: &dyn Store) {
+    let addresses: Vec<IpAddr> = (0..24).map(|i| nth(1, i, i % 2 == 1)).collect();
+    let results = race(|t| {
+        let me = attachment(&format!("racer-{t}"), "eth0");
+        addresses
+            .iter()
+            .map(|&a| store.claim(&[claim_at(a, &me)]))
+            .collect::<Vec<_>>()
+    });
+    one_winner_each(store, &addresses, &results);
+}
+
+/// Threads claim overlapping batches (thread `t` wants addresses `t` and `t+1` of a ring): every
+/// batch is entirely won or entirely lost, and the winners' batches are disjoint.
+pub fn concurrent_overlapping_batches_are_all_or_nothing(store: &dyn Store) {
+    for round in 0..6u8 {
+        let ring: Vec<IpAddr> = (0..THREADS)
+            .map(|i| nth(10 + round, i, round % 2 == 1))
+            .collect();
+        let results = race(|t| {
+            let me = attachment(&format!("r{round}-racer-{t}"), "eth0");
+            let batch = [
+                claim_at(ring[t], &me),
+                claim_at(ring[(t + 1) % THREADS], &me),
+            ];
+            store.claim(&batch)
+        });
+        let mut expected = BTreeMap::new();
+        for (t, outcome) in results.iter().enumerate() {
+            let me = attachment(&format!("r{round}-racer-{t}"), "eth0");
+            let batch = [ring[t], ring[(t + 1) % THREADS]];
+            match outcome {
+                Ok(()) => {
+                    for a in batch {
+                        let previous = expected.insert(a, me.clone());
+                        assert!(
+                            previous.is_none(),
+                            "round {round}: {a} won by both {} and {me}",
+                            previous.unwrap()
+                        );
+                    }
+                }
+                Err(StoreError::Conflict(a)) if batch.contains(a) => {
+                    assert_eq!(
+                        must("claims_of", store.claims_of(&me)),
+                        vec![],
+                        "round {round}: {me} lost, wrote nothing"
+                    );
+                }
+                Err(e) => panic!(
+                    "round {round}: racer {t}: expected success or Conflict on its batch, got {e}"
+                ),
+            }
+        }
+        assert!(!expected.is_empty(), "round {round}: somebody must win");
+        let held: BTreeMap<IpAddr, Attachment> = all(store)
+            .into_iter()
+            .filter(|c| ring.contains(&c.address))
+            .map(|c| (c.address, c.attachment.expect("racers claim attached")))
+            .collect();
+        assert_eq!(
+            held, expected,
+            "round {round}: exactly the winning batches are stored"
+        );
+    }
+}
+
+/// Threads claiming distinct addresses at the same moment all succeed.
+pub fn concurrent_claims_of_distinct_addresses_all_succeed(store: &dyn Store) {
+    const EACH: usize = 12;
+    let results = race(|t| {
+        let me = attachment(&format!("racer-{t}"), "eth0");
+        (0..EACH)
+            .map(|i| store.claim(&[claim_at(nth(2, t * EACH + i, i % 3 == 0), &me)]))
+            .collect::<Vec<_>>()
+    });
+    for (t, outcomes) in results.iter().enumerate() {
+        for (i, outcome) in outcomes.iter().enumerate() {
+            assert_eq!(outcome, &Ok(()), "racer {t}, address {i}");
+        }
+    }
+    let stored = all(store);
+    assert_eq!(stored.len(), THREADS * EACH);
+    let addresses: BTreeSet<IpAddr> = stored.iter().map(|c| c.address).collect();
+    assert_eq!(addresses.len(), THREADS * EACH);
+}
+
+/// Threads releasing the same attachments and addresses at once: each claim is released, and
+/// reported released, exactly once.
+pub fn concurrent_releases_have_one_winner(store: &dyn Store) {
+    const N: usize = 16;
+    let holders: Vec<Attachment> = (0..N)
+        .map(|i| attachment(&format!("holder-{i}"), "eth0"))
+        .collect();
+    for (i, h) in holders.iter().enumerate() {
+        must(
+            "claim",
+            store.claim(&[claim_at(nth(3, i, false), h), claim_at(nth(3, i, true), h)]),
+        );
+    }
+    // Even threads release attachments, odd threads release the IPv4 address of each holder.
+    let results = race(|t| {
+        holders
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                if t % 2 == 0 {
+                    must("release_attachment", store.release_attachment(h))
+                        .into_iter()
+                        .map(|c| c.address)
+                        .collect()
+                } else if must("release", store.release(nth(3, i, false), Some(h))) {
+                    vec![nth(3, i, false)]
+                } else {
+                    vec![]
+                }
+            })
+            .collect::<Vec<Vec<IpAddr>>>()
+    });
+    for i in 0..N {
+        let mut released: Vec<IpAddr> = results.iter().flat_map(|r| r[i].iter().copied()).collect();
+        released.sort();
+        let mut expected = vec![nth(3, i, false), nth(3, i, true)];
+        expected.sort();
+        assert_eq!(
+            released, expected,
+            "each claim of holder-{i} released exactly once"
+        );
+    }
+    assert_eq!(all(store), vec![]);
+}
+
+/// Threads reattaching one detached claim to different attachments: one wins, the rest are
+/// `Stale`, and the claim ends up on the winner.
+pub fn concurrent_reattach_has_one_winner(store: &dyn Store) {
+    let p = stateful_pod("db", "pg-0", "uid-1");
+    for round in 0..6 {
+        let address = nth(4, round, round % 2 == 1);
+        let old = attachment(&format!("old-{round}"), "eth0");
+        must(
+            "claim",
+            store.claim(&[Claim {
+                pod: p.clone(),
+                ..claim_at(address, &old)
+            }]),
+        );
+        must("detach", store.detach(&old, T0 + 1));
+        let racer = |t: usize| attachment(&format!("r{round}-racer-{t}"), "eth0");
+        let results = race(|t| store.reattach(address, &p, &racer(t), T0 + 2));
+        let mut won = Vec::new();
+        for (t, outcome) in results.iter().enumerate() {
+            match outcome {
+                Ok(c) => {
+                    assert_eq!(
+                        c.attachment,
+                        Some(racer(t)),
+                        "the returned claim is attached to its caller"
+                    );
+                    won.push(t);
+                }
+                Err(StoreError::Stale(a)) if *a == address => {}
+                Err(e) => panic!(
+                    "racer {t} reattaching {address}: expected success or Stale({address}), got {e}"
+                ),
+            }
+        }
+        assert_eq!(
+            won.len(),
+            1,
+            "{address} must be reattached exactly once, was by {won:?}"
+        );
+        let stored = all(store)
+            .into_iter()
+            .find(|c| c.address == address)
+            .expect("the claim is kept");
+        assert_eq!(
+            stored.attachment,
+            Some(racer(won[0])),
+            "{address} is held by the winner"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks on a location: several handles, reopening.
+
+/// Everything committed is there, unchanged, after the store is dropped and reopened, and the
+/// reopened store still enforces uniqueness.
+pub fn reopen_keeps_everything<L, S: Store>(location: &L, open: impl Fn(&L) -> S) {
+    let (a, b, c) = (
+        attachment("c1", "eth0"),
+        attachment("c2", "net1"),
+        attachment("c3", "eth0"),
+    );
+    let expected = {
+        let store = open(location);
+        must(
+            "claim",
+            store.claim(&[
+                claim("10.0.0.1", "p", Some(&a), &pod("ns", "a", "ua"), T0),
+                claim("fd00::1", "p6", Some(&a), &pod("ns", "a", "ua"), T0),
+            ]),
+        );
+        must(
+            "claim",
+            store.claim(&[claim(
+                "10.0.0.2",
+                "p",
+                Some(&b),
+                &stateful_pod("db", "pg-0", "ub"),
+                T0,
+            )]),
+        );
+        must("detach", store.detach(&b, T0 + 1));
+        must(
+            "claim",
+            store.claim(&[claim("10.0.0.3", "p", Some(&c), &pod("ns", "c", "uc"), T0)]),
+        );
+        must(
+            "release",
+            store.release(ip("10.0.0.3"), Some(&c)).map(|_| ()),
+        );
+        all(&store)
+    };
+    assert_eq!(expected.len(), 3);
+
+    let store = open(location);
+    assert_eq!(
+        all(&store),
+        expected,
+        "a reopened store holds everything committed"
+    );
+    assert_eq!(
+        store.claim(&[claim("10.0.0.1", "p", Some(&c), &pod("ns", "c", "uc"), T0)]),
+        Err(StoreError::Conflict(ip("10.0.0.1"))),
+        "and still enforces uniqueness"
+    );
+    assert_eq!(
+        must("detached_of", store.detached_of("db", "pg-0")).len(),
+        1
+    );
+    must(
+        "reattach",
+        store.reattach(
+            ip("10.0.0.2"),
+            &stateful_pod("db", "pg-0", "ub2"),
+            &c,
+            T0 + 2,
+        ),
+    );
+    let after = all(&store);
+    drop(store);
+    assert_eq!(
+        all(&open(location)),
+        after,
+        "and so on, reopen after reopen"
+    );
+}
+
+/// Independently opened handles on one location (separate clients: connections, processes,
+/// agents) race for the same addresses: each address has exactly one winner, and every handle
+/// sees every other's writes.
+pub fn handles_on_one_location_race_safely<L, S: Store>(location: &L, open: impl Fn(&L) -> S) {
+    const HANDLES: usize = 4;
+    let handles: Vec<S> = (0..HANDLES).map(|_| open(location)).collect();
+    let addresses: Vec<IpAddr> = (0..24).map(|i| nth(5, i, i % 2 == 0)).collect();
+    let results = race(|t| {
+        let store = &handles[t % HANDLES];
+        let me = attachment(&format!("racer-{t}"), "eth0");
+        addresses
+            .iter()
+            .map(|&a| store.claim(&[claim_at(a, &me)]))
+            .collect::<Vec<_>>()
+    });
+    one_winner_each(&handles[0], &addresses, &results);
+    let seen = all(&handles[0]);
+    for (h, handle) in handles.iter().enumerate().skip(1) {
+        assert_eq!(all(handle), seen, "handle {h} sees the same claims");
+    }
+}

@@ -1,0 +1,204 @@
+//! The CNI GC verb (spec 1.1.0): claims of attachments not listed are released.
+//!
+//! Debian's bridge plugin (containernetworking-plugins 1.1.1) speaks CNI up to 1.0.0 and has no
+//! GC, so GC goes to `allot` directly, with the network config the runtime would pass: the bridge
+//! network at `cniVersion` 1.1.0 plus `cni.dev/valid-attachments`.
+
+use allot_e2e::*;
+use serde_json::Value;
+
+fn pools() -> String {
+    ippool(
+        "three",
+        "10.79.0.0/24",
+        Some("10.79.0.1"),
+        &["10.79.0.10-10.79.0.12"],
+    ) + &ippool(
+        "b",
+        "10.80.0.0/24",
+        Some("10.80.0.1"),
+        &["10.80.0.10-10.80.0.19"],
+    )
+}
+
+fn gc_conf(
+    lab: &Lab,
+    network: &str,
+    bridge: &str,
+    pool: &str,
+    key: &str,
+    valid: &[&Attachment],
+) -> Value {
+    let mut conf = bridge_conf(
+        "1.1.0",
+        network,
+        bridge,
+        allot_ipam(&lab.agent.socket(), &[pool], &[]),
+    );
+    conf[key] = Value::Array(valid.iter().map(|a| a.gc_entry()).collect());
+    conf
+}
+
+fn gc(lab: &Lab, conf: &Value) -> CniOutput {
+    let out = lab
+        .call("allot", "GC", &conf.to_string())
+        .run(Some(&lab.host));
+    out.expect_ok();
+    assert!(
+        out.stdout.trim().is_empty(),
+        "GC prints nothing on success:\n{out}"
+    );
+    out
+}
+
+fn check(lab: &Lab, att: &Attachment, conf: &Value, prev: &Value) -> CniOutput {
+    lab.cni("allot", "CHECK", att, &with_prev_result(conf, prev))
+}
+
+fn run_gc_releases_unlisted(test: &str, key: &str) {
+    let Some(lab) = Lab::new(test, &pools()) else {
+        return;
+    };
+    let conf = lab.bridge_conf(&["three"], &[]);
+    let pods: Vec<Attachment> = ["a", "b", "c"].iter().map(|n| Attachment::new(n)).collect();
+    let results: Vec<Value> = pods
+        .iter()
+        .map(|p| lab.bridge_add(p, &conf).json.unwrap())
+        .collect();
+    let late = Attachment::new("late");
+    lab.cni("allot", "ADD", &late, &conf).expect_err(&[100]);
+    assert_eq!(lab.agent.pool_counts("three"), (3, 0));
+
+    // c's container is gone without a DEL: GC lists only a and b.
+    gc(
+        &lab,
+        &gc_conf(
+            &lab,
+            &lab.network,
+            &lab.bridge,
+            "three",
+            key,
+            &[&pods[0], &pods[1]],
+        ),
+    );
+    check(&lab, &pods[0], &conf, &results[0]).expect_ok();
+    check(&lab, &pods[1], &conf, &results[1]).expect_ok();
+    check(&lab, &pods[2], &conf, &results[2]).expect_failure();
+    assert_eq!(
+        lab.agent.pool_counts("three"),
+        (3, 1),
+        "GC released exactly c's claim"
+    );
+
+    // c's address is free again.
+    let add = lab.bridge_add(&late, &conf);
+    assert_eq!(
+        Some(add.ip().as_str()),
+        results[2]["ips"][0]["address"].as_str()
+    );
+
+    // GC with everything listed releases nothing; an unlisted DEL-ed pod is harmless.
+    lab.cni("bridge", "DEL", &pods[2], &conf).expect_ok();
+    gc(
+        &lab,
+        &gc_conf(
+            &lab,
+            &lab.network,
+            &lab.bridge,
+            "three",
+            key,
+            &[&pods[0], &pods[1], &late],
+        ),
+    );
+    check(&lab, &pods[0], &conf, &results[0]).expect_ok();
+    check(&lab, &pods[1], &conf, &results[1]).expect_ok();
+    check(&lab, &late, &conf, add.json.as_ref().unwrap()).expect_ok();
+    assert_eq!(lab.agent.pool_counts("three"), (3, 0));
+
+    // An empty list releases everything of this network.
+    gc(
+        &lab,
+        &gc_conf(&lab, &lab.network, &lab.bridge, "three", key, &[]),
+    );
+    assert_eq!(lab.agent.pool_counts("three"), (3, 3));
+}
+
+#[test]
+fn gc_releases_claims_not_in_valid_attachments() {
+    run_gc_releases_unlisted(
+        "gc_releases_claims_not_in_valid_attachments",
+        "cni.dev/valid-attachments",
+    );
+}
+
+#[test]
+fn gc_accepts_the_older_attachments_key() {
+    run_gc_releases_unlisted(
+        "gc_accepts_the_older_attachments_key",
+        "cni.dev/attachments",
+    );
+}
+
+/// GC is per network (CNI 1.1.0: the runtime sends one GC per network configuration, listing
+/// the attachments of that network). A pod on two allot networks keeps its second address when
+/// the first network is collected.
+#[test]
+fn gc_of_one_network_leaves_other_networks_alone() {
+    let Some(lab) = Lab::new("gc_of_one_network_leaves_other_networks_alone", &pools()) else {
+        return;
+    };
+    let conf_a = lab.bridge_conf(&["three"], &[]);
+    let bridge_b = unique_name("bb");
+    let conf_b = bridge_conf(
+        "1.0.0",
+        "allot-e2e-b",
+        &bridge_b,
+        allot_ipam(&lab.agent.socket(), &["b"], &[]),
+    );
+    let pod = Attachment::new("two-nics");
+    let net1 = pod.with_ifname("net1");
+    lab.bridge_add(&pod, &conf_a);
+    let on_b = lab.bridge_add(&net1, &conf_b).json.unwrap();
+    let gone = Attachment::new("gone");
+    let on_b_gone = lab
+        .bridge_add(&gone.with_ifname("net1"), &conf_b)
+        .json
+        .unwrap();
+
+    // GC of network a lists its one attachment (pod eth0).
+    gc(
+        &lab,
+        &gc_conf(
+            &lab,
+            &lab.network,
+            &lab.bridge,
+            "three",
+            "cni.dev/valid-attachments",
+            &[&pod],
+        ),
+    );
+    check(&lab, &net1, &conf_b, &on_b).expect_ok();
+    check(&lab, &gone.with_ifname("net1"), &conf_b, &on_b_gone).expect_ok();
+    assert_eq!(
+        lab.agent.pool_counts("b"),
+        (10, 8),
+        "GC of network a released claims of network b"
+    );
+
+    // GC of network b collects b only.
+    gc(
+        &lab,
+        &gc_conf(
+            &lab,
+            "allot-e2e-b",
+            &bridge_b,
+            "b",
+            "cni.dev/valid-attachments",
+            &[&net1],
+        ),
+    );
+    check(&lab, &net1, &conf_b, &on_b).expect_ok();
+    check(&lab, &gone.with_ifname("net1"), &conf_b, &on_b_gone).expect_failure();
+    assert_eq!(lab.agent.pool_counts("b"), (10, 9));
+    assert_eq!(lab.agent.pool_counts("three"), (3, 2));
+}
