@@ -8,11 +8,10 @@ ALLOTCTL     := target/release/allotctl
 
 .PHONY: run test setup build policies lint scenarios unit bench
 
-# The main job. Until the node agent lands, this runs the policy harness over the shipped
-# scenarios with the embedded default policy and explains one decision in full.
+# The main job: the node agent in standalone mode on examples/standalone/ with the embedded
+# default policy, listening on /run/allot/agent.sock (see the README for a pod's-eye view).
 run: build
-	$(ALLOTCTL) policy test examples/scenarios
-	$(ALLOTCTL) policy explain examples/scenarios/sort/documented-example-3.yaml
+	exec target/release/allot-agent --standalone examples/standalone
 
 # The whole test suite, as CI runs it (.ci/run).
 test: lint build policies scenarios unit
@@ -40,6 +39,8 @@ scenarios: build policies
 unit: policies
 	$(CARGO) nextest run --release --locked --workspace
 
-bench: build
+bench: build policies
 	$(CARGO) bench --locked -p allot-policy --bench decision
 	$(ALLOTCTL) policy bench --pools 1000 --iterations 20000
+	$(CARGO) bench --locked -p allot-core --bench address_choice
+	$(CARGO) bench --locked -p allot-e2e --bench cni_cycle

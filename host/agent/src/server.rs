@@ -2,7 +2,7 @@
 //! uid is not ours is refused (SO_PEERCRED) before a byte is read.
 
 use std::collections::BTreeSet;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -40,19 +40,12 @@ pub async fn serve(shared: Arc<Shared>, socket: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    // A socket file left by a killed agent would make bind fail.
-    match std::fs::remove_file(socket) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(e)
-                .with_context(|| format!("removing the stale socket {}", socket.display()));
-        }
-    }
+    claim_socket_path(socket)?;
     let listener =
         UnixListener::bind(socket).with_context(|| format!("listening on {}", socket.display()))?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("setting mode 0600 on {}", socket.display()))?;
+    let our_inode = std::fs::symlink_metadata(socket).map(|m| m.ino()).ok();
     let me = unsafe { libc::geteuid() };
     tracing::info!(socket = %socket.display(), "serving");
 
@@ -94,12 +87,34 @@ pub async fn serve(shared: Arc<Shared>, socket: &Path) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down: finishing requests in flight");
     drop(listener);
-    let _ = std::fs::remove_file(socket);
+    // Remove the socket only if it is still ours (not one a later agent bound meanwhile).
+    if std::fs::symlink_metadata(socket).map(|m| m.ino()).ok() == our_inode {
+        let _ = std::fs::remove_file(socket);
+    }
     tokio::select! {
         _ = graceful.shutdown() => tracing::info!("all requests finished"),
         _ = tokio::time::sleep(std::time::Duration::from_secs(30)) => tracing::warn!("gave up waiting for requests in flight"),
     }
     Ok(())
+}
+
+/// Makes `socket` free to bind: a stale socket left by a killed agent is removed; a live one (an
+/// agent is answering) or anything that is not a socket is refused, never deleted.
+fn claim_socket_path(socket: &Path) -> anyhow::Result<()> {
+    match std::fs::symlink_metadata(socket) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("inspecting {}", socket.display())),
+        Ok(meta) if !meta.file_type().is_socket() => anyhow::bail!(
+            "{} exists and is not a socket: refusing to replace it; pass another --socket",
+            socket.display()
+        ),
+        Ok(_) if std::os::unix::net::UnixStream::connect(socket).is_ok() => anyhow::bail!(
+            "another agent is already serving on {}: stop it first, or pass another --socket",
+            socket.display()
+        ),
+        Ok(_) => std::fs::remove_file(socket)
+            .with_context(|| format!("removing the stale socket {}", socket.display())),
+    }
 }
 
 fn json<T: Serialize>(status: StatusCode, body: &T) -> Reply {

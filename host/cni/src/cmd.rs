@@ -367,31 +367,14 @@ pub fn status_verdict(status: &StatusResponse) -> Result<(), CniError> {
     Ok(())
 }
 
-/// The GC request as sent: [`GcRequest`] plus the network's `name`.
-///
-/// A runtime sends one GC per network config, listing only that network's attachments, so the
-/// agent must release only that network's claims, or a GC of network A frees every address a
-/// pod holds on network B. `GcRequest` has no field for the network yet (reported); `network`
-/// rides alongside it, spelled as in `AddRequest`. An agent built on today's `GcRequest`
-/// ignores it (serde skips unknown fields); one with `#[serde(default)] network: String` reads
-/// it without a change here.
-#[derive(serde::Serialize)]
-struct GcCall {
-    #[serde(flatten)]
-    request: GcRequest,
-    network: String,
-}
-
 /// GC: forwards the attachments still in use; the agent releases every other claim of this
 /// network. Retried later by the runtime on failure (code 11 while the agent is away).
 fn gc(_env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<(), CniError> {
     let ipam = config::ipam(conf)?;
     ipam.reject_unknown()?;
-    let request = GcCall {
-        request: GcRequest {
-            valid_attachments: config::gc_attachments(conf)?,
-        },
+    let request = GcRequest {
         network: config::network_name(conf)?,
+        valid_attachments: config::gc_attachments(conf)?,
     };
     let client = client(Command::Gc, &ipam);
     let body = client

@@ -32,6 +32,10 @@ use crate::store::{Attachment, Claim, PodRef, Store, StoreError};
 /// How often a lost create-if-absent race is retried with another address before giving up.
 const CONFLICT_RETRIES: usize = 16;
 
+/// Locks serialising ADD, DEL and CHECK of one attachment (runtimes do retry and race
+/// themselves); striped so that memory does not grow with the number of attachments.
+const ATTACHMENT_STRIPES: usize = 64;
+
 /// One ADD: an attachment of a pod on a node.
 #[derive(Clone, Debug)]
 pub struct AddRequest {
@@ -167,6 +171,7 @@ pub struct Engine<S, P> {
     policy: P,
     state: Mutex<State>,
     generation: Mutex<u64>,
+    attachment_locks: Vec<Mutex<()>>,
 }
 
 fn now() -> u64 {
@@ -183,7 +188,17 @@ impl<S: Store, P: Policy> Engine<S, P> {
             policy,
             state: Mutex::new(State::empty()),
             generation: Mutex::new(0),
+            attachment_locks: (0..ATTACHMENT_STRIPES).map(|_| Mutex::new(())).collect(),
         }
+    }
+
+    fn lock_attachment(&self, attachment: &Attachment) -> std::sync::MutexGuard<'_, ()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        attachment.hash(&mut h);
+        self.attachment_locks[h.finish() as usize % ATTACHMENT_STRIPES]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn store(&self) -> &S {
@@ -310,6 +325,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
     }
 
     pub fn add(&self, req: &AddRequest) -> Result<AddOutcome, AllocError> {
+        let _serial = self.lock_attachment(&req.attachment);
         let held = self.store.claims_of(&req.attachment)?;
         if !held.is_empty() {
             // A retried ADD: the same addresses. Routes come from a fresh decision when the
@@ -337,6 +353,20 @@ impl<S: Store, P: Policy> Engine<S, P> {
         // still among the candidates the policy ordered.
         let mut reattached: Vec<Claim> = Vec::new();
         if pod.is_stateful() {
+            // A StatefulSet has at most one pod of a name: an older sandbox of this pod still
+            // holding this interface is dead or dying (its DEL may come late). Take its
+            // addresses over; its late DEL then finds nothing to release.
+            let older: BTreeSet<Attachment> = self
+                .store
+                .all()?
+                .into_iter()
+                .filter(|c| c.pod.namespace == pod.namespace && c.pod.name == pod.name)
+                .filter_map(|c| c.attachment)
+                .filter(|a| a.interface == req.attachment.interface && *a != req.attachment)
+                .collect();
+            for old in &older {
+                self.store.detach(old, now())?;
+            }
             let kept = self.store.detached_of(&pod.namespace, &pod.name)?;
             for fam in &nic.families {
                 // Still a candidate: ordered, or dropped only for being full (the kept address
@@ -541,6 +571,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
     /// Releases what `attachment` holds; a StatefulSet pod's addresses are kept (detached) for
     /// its next ADD. Idempotent. Returns the addresses released or kept.
     pub fn del(&self, attachment: &Attachment) -> Result<Vec<Claim>, AllocError> {
+        let _serial = self.lock_attachment(attachment);
         let held = self.store.claims_of(attachment)?;
         if held.is_empty() {
             return Ok(Vec::new());
@@ -558,6 +589,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
 
     /// What `attachment` holds, or [`AllocError::UnknownAttachment`].
     pub fn check(&self, attachment: &Attachment) -> Result<AddOutcome, AllocError> {
+        let _serial = self.lock_attachment(attachment);
         let held = self.store.claims_of(attachment)?;
         if held.is_empty() {
             return Err(AllocError::UnknownAttachment(attachment.clone()));

@@ -168,21 +168,21 @@ mod tests {
     #[test]
     fn never_hands_out_an_address_twice() {
         let mut idx = FreeIndex::new(&set(&["10.0.0.1-10.0.0.50", "10.0.1.1-10.0.1.50"]));
-        let mut seen = std::collections::HashSet::new();
+        let mut held = std::collections::BTreeSet::new();
+        let mut takes = 0;
         while let Some(a) = idx.take_next() {
-            assert!(seen.insert(a), "{a} twice");
-            if seen.len() % 7 == 0 {
-                // Release an older one now and then; it must come back only once.
-                let back = *seen.iter().next().unwrap();
-                seen.remove(&back);
-                idx.insert(back);
-            }
-            if seen.len() == 100 {
-                break;
+            assert!(held.insert(a), "{a} handed out while held");
+            takes += 1;
+            if takes % 7 == 0 {
+                // Release the lowest held address now and then; it may come back, once.
+                let back = *held.iter().next().unwrap();
+                held.remove(&back);
+                assert!(idx.insert(back));
             }
         }
-        assert_eq!(seen.len(), 100);
+        assert_eq!(held.len(), 100, "every address ends up held exactly once");
         assert_eq!(idx.free_count(), 0);
+        assert!(takes > 100);
     }
 
     #[test]

@@ -339,6 +339,72 @@ fn a_statefulset_pod_gets_its_address_back_while_its_pool_is_unchanged() {
 }
 
 #[test]
+fn a_statefulset_pod_recreated_before_the_old_del_takes_its_address_over() {
+    let e = engine(vec![pool(
+        "a",
+        "10.0.0.0/24",
+        &["10.0.0.10-10.0.0.12"],
+        None,
+    )]);
+    let stateful = |container: &str| {
+        let mut r = add_req(container, "eth0", &["a"], &[]);
+        r.pod.name = "web-0".into();
+        r.pod.owner = Some(Owner {
+            kind: "StatefulSet".into(),
+            name: "web".into(),
+        });
+        r
+    };
+    let first = e.add(&stateful("c1")).unwrap();
+    let second = e.add(&stateful("c2")).unwrap();
+    assert_eq!(
+        second.allocations, first.allocations,
+        "the new sandbox takes the address over"
+    );
+    assert!(
+        e.del(&att("c1", "eth0")).unwrap().is_empty(),
+        "the late DEL of the old sandbox releases nothing"
+    );
+    assert_eq!(
+        e.check(&att("c2", "eth0")).unwrap().allocations,
+        first.allocations
+    );
+    assert_eq!(e.store().all().unwrap().len(), 1);
+}
+
+#[test]
+fn concurrent_adds_of_one_attachment_get_one_address() {
+    let e = Arc::new(engine(vec![pool(
+        "a",
+        "10.0.0.0/24",
+        &["10.0.0.10-10.0.0.59"],
+        None,
+    )]));
+    let barrier = Arc::new(Barrier::new(10));
+    let threads: Vec<_> = (0..10)
+        .map(|_| {
+            let (e, barrier) = (e.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                e.add(&add_req("c1", "eth0", &["a"], &[]))
+                    .unwrap()
+                    .allocations
+            })
+        })
+        .collect();
+    let answers: HashSet<String> = threads
+        .into_iter()
+        .map(|t| format!("{:?}", t.join().unwrap()))
+        .collect();
+    assert_eq!(
+        answers.len(),
+        1,
+        "every caller gets the same answer: {answers:?}"
+    );
+    assert_eq!(e.store().all().unwrap().len(), 1);
+}
+
+#[test]
 fn gc_releases_every_claim_not_listed_as_valid() {
     let e = engine(vec![pool(
         "a",

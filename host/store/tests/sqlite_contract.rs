@@ -419,12 +419,13 @@ fn schema_version_and_layout_are_recorded() {
             ("owner_kind", "TEXT", false),
             ("owner_name", "TEXT", false),
             ("updated_at", "INTEGER", true),
+            ("network", "TEXT", true),
         ]
     );
     let indexes: Vec<String> = raw
         .prepare("SELECT group_concat(name) FROM (SELECT name FROM pragma_index_info(?1) ORDER BY seqno)")
         .and_then(|mut stmt| {
-            ["claims_by_attachment", "claims_by_pod"]
+            ["claims_by_attachment", "claims_by_pod", "claims_by_network"]
                 .iter()
                 .map(|i| stmt.query_row([i], |r| r.get(0)))
                 .collect()
@@ -432,7 +433,11 @@ fn schema_version_and_layout_are_recorded() {
         .unwrap();
     assert_eq!(
         indexes,
-        ["container_id,interface", "pod_namespace,pod_name"]
+        [
+            "container_id,interface",
+            "pod_namespace,pod_name",
+            "network"
+        ]
     );
     let row: (String, i64, String, Option<String>, Option<String>, String) = raw
         .query_row(
