@@ -370,6 +370,16 @@ pub trait Policy: Send + Sync {
     ) -> Result<Decision, PolicyError>;
 }
 
+impl<P: Policy + ?Sized> Policy for Arc<P> {
+    fn decide(
+        &self,
+        inventory: &Arc<Inventory>,
+        request: &Request,
+    ) -> Result<Decision, PolicyError> {
+        (**self).decide(inventory, request)
+    }
+}
+
 /// Bounds on a decision's size beyond which it is bogus whatever the inventory: a policy cannot
 /// make a host hold gigabytes of trace.
 pub const MAX_DETAIL_BYTES: usize = 4096;
@@ -679,15 +689,5 @@ mod tests {
                 err.message
             );
         }
-    }
-}
-
-impl<P: Policy + ?Sized> Policy for Arc<P> {
-    fn decide(
-        &self,
-        inventory: &Arc<Inventory>,
-        request: &Request,
-    ) -> Result<Decision, PolicyError> {
-        (**self).decide(inventory, request)
     }
 }
