@@ -10,32 +10,37 @@ use std::net::IpAddr;
 
 use crate::addr::{AddrSet, IpFamily, addr_to_u128, u128_to_addr};
 
+/// Pools spanning at most this many addresses use a bitmap (2 MiB for a /8); larger spans (an
+/// IPv6 /64) use free ranges in a B-tree.
+const BITMAP_MAX_SPAN: u128 = 1 << 24;
+
 #[derive(Clone, Debug)]
 pub struct FreeIndex {
     family: IpFamily,
-    /// start → end (inclusive) of each free range; disjoint and non-adjacent.
-    ranges: BTreeMap<u128, u128>,
-    free: u128,
-    /// The next address to try.
-    cursor: u128,
+    repr: Repr,
+}
+
+#[derive(Clone, Debug)]
+enum Repr {
+    Bitmap(Bitmap),
+    Ranges(RangeIndex),
 }
 
 impl FreeIndex {
     /// Every address of `assignable` is free.
     pub fn new(assignable: &AddrSet) -> Self {
-        let mut ranges = BTreeMap::new();
-        let mut free = 0u128;
-        for (lo, hi) in assignable.ranges() {
-            let (lo, hi) = (addr_to_u128(lo), addr_to_u128(hi));
-            ranges.insert(lo, hi);
-            free = free.saturating_add((hi - lo).saturating_add(1));
-        }
-        FreeIndex {
-            family: assignable.family(),
-            ranges,
-            free,
-            cursor: 0,
-        }
+        let family = assignable.family();
+        let span = match (assignable.ranges().next(), assignable.ranges().last()) {
+            (Some((lo, _)), Some((_, hi))) => Some((addr_to_u128(lo), addr_to_u128(hi))),
+            _ => None,
+        };
+        let repr = match span {
+            Some((lo, hi)) if hi - lo < BITMAP_MAX_SPAN => {
+                Repr::Bitmap(Bitmap::new(assignable, lo, hi))
+            }
+            _ => Repr::Ranges(RangeIndex::new(assignable)),
+        };
+        FreeIndex { family, repr }
     }
 
     pub fn family(&self) -> IpFamily {
@@ -44,7 +49,186 @@ impl FreeIndex {
 
     /// Free addresses, saturating at `u64::MAX`.
     pub fn free_count(&self) -> u64 {
-        u64::try_from(self.free).unwrap_or(u64::MAX)
+        let free = match &self.repr {
+            Repr::Bitmap(b) => b.free,
+            Repr::Ranges(r) => r.free,
+        };
+        u64::try_from(free).unwrap_or(u64::MAX)
+    }
+
+    pub fn is_free(&self, addr: IpAddr) -> bool {
+        IpFamily::of(addr) == self.family
+            && match &self.repr {
+                Repr::Bitmap(b) => b.is_free(addr_to_u128(addr)),
+                Repr::Ranges(r) => r.range_of(addr_to_u128(addr)).is_some(),
+            }
+    }
+
+    /// Marks `addr` used. Returns whether it was free.
+    pub fn remove(&mut self, addr: IpAddr) -> bool {
+        if IpFamily::of(addr) != self.family {
+            return false;
+        }
+        match &mut self.repr {
+            Repr::Bitmap(b) => b.set(addr_to_u128(addr), false),
+            Repr::Ranges(r) => r.remove(addr_to_u128(addr)),
+        }
+    }
+
+    /// Marks `addr` free again. The caller makes sure it belongs to the pool. Returns whether it
+    /// was used.
+    pub fn insert(&mut self, addr: IpAddr) -> bool {
+        if IpFamily::of(addr) != self.family {
+            return false;
+        }
+        match &mut self.repr {
+            Repr::Bitmap(b) => b.set(addr_to_u128(addr), true),
+            Repr::Ranges(r) => r.insert(addr_to_u128(addr)),
+        }
+    }
+
+    /// Takes the first free address at or after the cursor, wrapping around, and moves the
+    /// cursor past it.
+    pub fn take_next(&mut self) -> Option<IpAddr> {
+        let n = match &mut self.repr {
+            Repr::Bitmap(b) => b.take_next()?,
+            Repr::Ranges(r) => r.take_next()?,
+        };
+        Some(u128_to_addr(self.family, n))
+    }
+}
+
+/// One bit per address of the pool's span (1: free), and one summary bit per word (1: the word
+/// has a free address), so a search skips 4,096 used addresses per summary word read.
+#[derive(Clone, Debug)]
+struct Bitmap {
+    base: u128,
+    len: usize,
+    words: Vec<u64>,
+    summary: Vec<u64>,
+    free: u128,
+    /// Offset of the next address to try.
+    cursor: usize,
+}
+
+impl Bitmap {
+    fn new(assignable: &AddrSet, lo: u128, hi: u128) -> Self {
+        let len = (hi - lo + 1) as usize;
+        let mut b = Bitmap {
+            base: lo,
+            len,
+            words: vec![0; len.div_ceil(64)],
+            summary: vec![0; len.div_ceil(64).div_ceil(64)],
+            free: 0,
+            cursor: 0,
+        };
+        for (first, last) in assignable.ranges() {
+            for n in addr_to_u128(first)..=addr_to_u128(last) {
+                b.set(n, true);
+            }
+        }
+        b
+    }
+
+    fn offset(&self, n: u128) -> Option<usize> {
+        n.checked_sub(self.base)
+            .filter(|&o| o < self.len as u128)
+            .map(|o| o as usize)
+    }
+
+    fn is_free(&self, n: u128) -> bool {
+        self.offset(n)
+            .is_some_and(|o| self.words[o / 64] & (1 << (o % 64)) != 0)
+    }
+
+    /// Sets address `n` free (`true`) or used; returns whether that changed anything.
+    fn set(&mut self, n: u128, free: bool) -> bool {
+        let Some(o) = self.offset(n) else {
+            return false;
+        };
+        let (w, bit) = (o / 64, 1u64 << (o % 64));
+        if (self.words[w] & bit != 0) == free {
+            return false;
+        }
+        if free {
+            self.words[w] |= bit;
+            self.summary[w / 64] |= 1 << (w % 64);
+            self.free += 1;
+        } else {
+            self.words[w] &= !bit;
+            if self.words[w] == 0 {
+                self.summary[w / 64] &= !(1 << (w % 64));
+            }
+            self.free -= 1;
+        }
+        true
+    }
+
+    /// The first free offset at or after `from`, without wrapping.
+    fn next_free(&self, from: usize) -> Option<usize> {
+        if from >= self.len {
+            return None;
+        }
+        let w = from / 64;
+        let bits = self.words[w] & (!0u64 << (from % 64));
+        if bits != 0 {
+            return Some(w * 64 + bits.trailing_zeros() as usize);
+        }
+        // The next word with a free bit, through the summary.
+        let start = w + 1;
+        let mut s = start / 64;
+        let mut mask = if start % 64 == 0 {
+            !0u64
+        } else {
+            !0u64 << (start % 64)
+        };
+        while s < self.summary.len() {
+            let words = self.summary[s] & mask;
+            if words != 0 {
+                let w = s * 64 + words.trailing_zeros() as usize;
+                return Some(w * 64 + self.words[w].trailing_zeros() as usize);
+            }
+            s += 1;
+            mask = !0;
+        }
+        None
+    }
+
+    fn take_next(&mut self) -> Option<u128> {
+        if self.free == 0 {
+            return None;
+        }
+        let o = self.next_free(self.cursor).or_else(|| self.next_free(0))?;
+        let n = self.base + o as u128;
+        self.set(n, false);
+        self.cursor = o + 1;
+        Some(n)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct RangeIndex {
+    /// start → end (inclusive) of each free range; disjoint and non-adjacent.
+    ranges: BTreeMap<u128, u128>,
+    free: u128,
+    /// The next address to try.
+    cursor: u128,
+}
+
+impl RangeIndex {
+    fn new(assignable: &AddrSet) -> Self {
+        let mut ranges = BTreeMap::new();
+        let mut free = 0u128;
+        for (lo, hi) in assignable.ranges() {
+            let (lo, hi) = (addr_to_u128(lo), addr_to_u128(hi));
+            ranges.insert(lo, hi);
+            free = free.saturating_add((hi - lo).saturating_add(1));
+        }
+        RangeIndex {
+            ranges,
+            free,
+            cursor: 0,
+        }
     }
 
     /// The range holding `n`, if `n` is free.
@@ -56,16 +240,7 @@ impl FreeIndex {
             .map(|(&lo, &hi)| (lo, hi))
     }
 
-    pub fn is_free(&self, addr: IpAddr) -> bool {
-        IpFamily::of(addr) == self.family && self.range_of(addr_to_u128(addr)).is_some()
-    }
-
-    /// Marks `addr` used. Returns whether it was free.
-    pub fn remove(&mut self, addr: IpAddr) -> bool {
-        if IpFamily::of(addr) != self.family {
-            return false;
-        }
-        let n = addr_to_u128(addr);
+    fn remove(&mut self, n: u128) -> bool {
         let Some((lo, hi)) = self.range_of(n) else {
             return false;
         };
@@ -80,13 +255,7 @@ impl FreeIndex {
         true
     }
 
-    /// Marks `addr` free again. The caller makes sure it belongs to the pool. Returns whether it
-    /// was used.
-    pub fn insert(&mut self, addr: IpAddr) -> bool {
-        if IpFamily::of(addr) != self.family {
-            return false;
-        }
-        let n = addr_to_u128(addr);
+    fn insert(&mut self, n: u128) -> bool {
         if self.range_of(n).is_some() {
             return false;
         }
@@ -108,9 +277,7 @@ impl FreeIndex {
         true
     }
 
-    /// Takes the first free address at or after the cursor, wrapping around, and moves the
-    /// cursor past it.
-    pub fn take_next(&mut self) -> Option<IpAddr> {
+    fn take_next(&mut self) -> Option<u128> {
         let n = match self.range_of(self.cursor) {
             Some(_) => self.cursor,
             None => match self.ranges.range(self.cursor..).next() {
@@ -118,10 +285,9 @@ impl FreeIndex {
                 None => *self.ranges.keys().next()?,
             },
         };
-        let addr = u128_to_addr(self.family, n);
-        self.remove(addr);
+        self.remove(n);
         self.cursor = n.wrapping_add(1);
-        Some(addr)
+        Some(n)
     }
 }
 
@@ -137,57 +303,108 @@ mod tests {
         s.parse().unwrap()
     }
 
-    #[test]
-    fn takes_in_order_then_wraps_without_reusing_at_once() {
-        let mut idx = FreeIndex::new(&set(&["10.0.0.1-10.0.0.3"]));
-        assert_eq!(idx.take_next(), Some(ip("10.0.0.1")));
-        assert_eq!(idx.take_next(), Some(ip("10.0.0.2")));
-        assert!(idx.insert(ip("10.0.0.1")));
-        // The cursor moves on: .3 before the just-released .1.
-        assert_eq!(idx.take_next(), Some(ip("10.0.0.3")));
-        assert_eq!(idx.take_next(), Some(ip("10.0.0.1")));
-        assert_eq!(idx.take_next(), None);
-        assert_eq!(idx.free_count(), 0);
+    fn is_bitmap(idx: &FreeIndex) -> bool {
+        matches!(idx.repr, Repr::Bitmap(_))
+    }
+
+    /// The same addresses, once in a span small enough for the bitmap and once spread wide
+    /// enough for the range tree: every behaviour is checked on both.
+    fn both(entries: &[&str]) -> [FreeIndex; 2] {
+        let small = FreeIndex::new(&set(entries));
+        let mut spread: Vec<&str> = entries.to_vec();
+        spread.push("11.255.255.255");
+        let mut wide = FreeIndex::new(&set(&spread));
+        wide.remove(ip("11.255.255.255"));
+        assert!(is_bitmap(&small) && !is_bitmap(&wide));
+        [small, wide]
     }
 
     #[test]
-    fn remove_and_insert_split_and_merge_ranges() {
-        let mut idx = FreeIndex::new(&set(&["10.0.0.0/24"]));
-        assert_eq!(idx.free_count(), 256);
-        assert!(idx.remove(ip("10.0.0.100")));
-        assert!(!idx.remove(ip("10.0.0.100")), "already used");
-        assert!(!idx.is_free(ip("10.0.0.100")));
-        assert_eq!(idx.ranges.len(), 2);
-        assert!(idx.insert(ip("10.0.0.100")));
-        assert!(!idx.insert(ip("10.0.0.100")), "already free");
-        assert_eq!(idx.ranges.len(), 1, "merged back into one range");
-        assert_eq!(idx.free_count(), 256);
-        assert!(!idx.remove(ip("fd00::1")), "other family");
+    fn takes_in_order_then_wraps_without_reusing_at_once() {
+        for mut idx in both(&["10.0.0.1-10.0.0.3"]) {
+            assert_eq!(idx.take_next(), Some(ip("10.0.0.1")));
+            assert_eq!(idx.take_next(), Some(ip("10.0.0.2")));
+            assert!(idx.insert(ip("10.0.0.1")));
+            // The cursor moves on: .3 before the just-released .1.
+            assert_eq!(idx.take_next(), Some(ip("10.0.0.3")));
+            assert_eq!(idx.take_next(), Some(ip("10.0.0.1")));
+            assert_eq!(idx.take_next(), None);
+            assert_eq!(idx.free_count(), 0);
+        }
+    }
+
+    #[test]
+    fn remove_and_insert_are_exact() {
+        for mut idx in both(&["10.0.0.0/24"]) {
+            assert_eq!(idx.free_count(), 256);
+            assert!(idx.remove(ip("10.0.0.100")));
+            assert!(!idx.remove(ip("10.0.0.100")), "already used");
+            assert!(!idx.is_free(ip("10.0.0.100")));
+            assert!(idx.is_free(ip("10.0.0.101")));
+            assert!(idx.insert(ip("10.0.0.100")));
+            assert!(!idx.insert(ip("10.0.0.100")), "already free");
+            assert_eq!(idx.free_count(), 256);
+            assert!(!idx.remove(ip("fd00::1")), "other family");
+            assert!(!idx.remove(ip("10.0.1.1")), "outside the pool");
+        }
+    }
+
+    #[test]
+    fn the_range_tree_merges_neighbours() {
+        let [_, mut wide] = both(&["10.0.0.0/24"]);
+        wide.remove(ip("10.0.0.100"));
+        wide.insert(ip("10.0.0.100"));
+        let Repr::Ranges(r) = &wide.repr else {
+            unreachable!()
+        };
+        assert_eq!(r.ranges.len(), 1, "merged back into one range");
     }
 
     #[test]
     fn never_hands_out_an_address_twice() {
-        let mut idx = FreeIndex::new(&set(&["10.0.0.1-10.0.0.50", "10.0.1.1-10.0.1.50"]));
-        let mut held = std::collections::BTreeSet::new();
-        let mut takes = 0;
-        while let Some(a) = idx.take_next() {
-            assert!(held.insert(a), "{a} handed out while held");
-            takes += 1;
-            if takes % 7 == 0 {
-                // Release the lowest held address now and then; it may come back, once.
-                let back = *held.iter().next().unwrap();
-                held.remove(&back);
-                assert!(idx.insert(back));
+        for mut idx in both(&["10.0.0.1-10.0.0.50", "10.0.1.1-10.0.1.50"]) {
+            let mut held = std::collections::BTreeSet::new();
+            let mut takes = 0;
+            while let Some(a) = idx.take_next() {
+                assert!(held.insert(a), "{a} handed out while held");
+                takes += 1;
+                if takes % 7 == 0 {
+                    // Release the lowest held address now and then; it may come back, once.
+                    let back = *held.iter().next().unwrap();
+                    held.remove(&back);
+                    assert!(idx.insert(back));
+                }
+            }
+            assert_eq!(held.len(), 100, "every address ends up held exactly once");
+            assert_eq!(idx.free_count(), 0);
+            assert!(takes > 100);
+        }
+    }
+
+    #[test]
+    fn the_bitmap_skips_long_used_stretches_and_wraps() {
+        let mut idx = FreeIndex::new(&AddrSet::from_net(&"10.0.0.0/8".parse().unwrap()));
+        assert!(is_bitmap(&idx));
+        // Use everything but the last address and one near the start.
+        let keep = [ip("10.0.0.5"), ip("10.255.255.255")];
+        while idx.free_count() > 2 {
+            let a = idx.take_next().unwrap();
+            assert!(!keep.contains(&a) || idx.insert(a));
+            if keep.contains(&a) {
+                // Put it back and move on: the cursor has passed it.
+                continue;
             }
         }
-        assert_eq!(held.len(), 100, "every address ends up held exactly once");
-        assert_eq!(idx.free_count(), 0);
-        assert!(takes > 100);
+        let mut last_two = vec![idx.take_next().unwrap(), idx.take_next().unwrap()];
+        last_two.sort();
+        assert_eq!(last_two, keep);
+        assert_eq!(idx.take_next(), None);
     }
 
     #[test]
     fn huge_pools_cost_the_same() {
         let mut v6 = FreeIndex::new(&AddrSet::usable_hosts(&"fd00::/64".parse().unwrap()));
+        assert!(!is_bitmap(&v6));
         assert_eq!(v6.free_count(), u64::MAX);
         assert_eq!(v6.take_next(), Some(ip("fd00::1")));
         let mut big = FreeIndex::new(&AddrSet::from_net(&"10.0.0.0/8".parse().unwrap()));
