@@ -177,7 +177,7 @@ impl Bitmap {
         // The next word with a free bit, through the summary.
         let start = w + 1;
         let mut s = start / 64;
-        let mut mask = if start % 64 == 0 {
+        let mut mask = if start.is_multiple_of(64) {
             !0u64
         } else {
             !0u64 << (start % 64)
