@@ -162,3 +162,72 @@ fn a_second_agent_on_the_same_socket_does_not_cut_off_the_first() {
         text(&out)
     );
 }
+
+/// The socket is mode 0600, so other users cannot even connect; should it be opened up, the
+/// agent still refuses any peer whose uid differs from its own (SO_PEERCRED).
+#[test]
+fn a_peer_of_another_user_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    if allot_e2e::skip("a_peer_of_another_user_is_refused") {
+        return;
+    }
+    let agent = allot_e2e::Agent::start(&allot_e2e::ippool("peer", "10.99.0.0/24", None, &[]));
+    let socket = agent.socket();
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket is private");
+    // Open the socket and its directory to everyone: only the uid check stands.
+    std::fs::set_permissions(
+        socket.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let config = serde_json::json!({
+        "cniVersion": "1.1.0", "name": "peer", "type": "allot",
+        "ipam": {"type": "allot", "socket": socket}
+    })
+    .to_string();
+    let status = |as_nobody: bool| {
+        let mut cmd = if as_nobody {
+            let mut c = std::process::Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(allot_e2e::bin("allot"));
+            c
+        } else {
+            std::process::Command::new(allot_e2e::bin("allot"))
+        };
+        let mut child = cmd
+            .env("CNI_COMMAND", "STATUS")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("running allot");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(config.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let refused = status(true);
+    let out = String::from_utf8_lossy(&refused.stdout);
+    assert!(!refused.status.success(), "nobody must be refused: {out}");
+    assert!(
+        out.contains("\"code\": 50") || out.contains("\"code\":50"),
+        "{out}"
+    );
+    assert!(
+        agent.log().contains("refused a peer of another user"),
+        "{}",
+        agent.log()
+    );
+    let served = status(false);
+    assert!(
+        served.status.success(),
+        "root is served: {}",
+        String::from_utf8_lossy(&served.stdout)
+    );
+}
