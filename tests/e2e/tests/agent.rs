@@ -187,11 +187,17 @@ fn a_peer_of_another_user_is_refused() {
         "ipam": {"type": "allot", "socket": socket}
     })
     .to_string();
+    // A copy of the plugin that `nobody` can run wherever the checkout lives.
+    let public = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(public.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let plugin = public.path().join("allot");
+    std::fs::copy(allot_e2e::bin("allot"), &plugin).unwrap();
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let status = |as_nobody: bool| {
         let mut cmd = if as_nobody {
             let mut c = std::process::Command::new("setpriv");
             c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-                .arg(allot_e2e::bin("allot"));
+                .arg(&plugin);
             c
         } else {
             std::process::Command::new(allot_e2e::bin("allot"))
