@@ -170,7 +170,6 @@ pub struct Engine<S, P> {
     store: S,
     policy: P,
     state: Mutex<State>,
-    generation: Mutex<u64>,
     attachment_locks: Vec<Mutex<()>>,
 }
 
@@ -187,7 +186,6 @@ impl<S: Store, P: Policy> Engine<S, P> {
             store,
             policy,
             state: Mutex::new(State::empty()),
-            generation: Mutex::new(0),
             attachment_locks: (0..ATTACHMENT_STRIPES).map(|_| Mutex::new(())).collect(),
         }
     }
@@ -218,11 +216,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
         subnets: Vec<Subnet>,
         reserved: Vec<Reserved>,
     ) -> Result<(), StoreError> {
-        let generation = {
-            let mut g = self.generation.lock().unwrap_or_else(|p| p.into_inner());
-            *g += 1;
-            *g
-        };
+        let generation = self.state().inventory.generation + 1;
         let inventory = Arc::new(Inventory::build(generation, &pools, &subnets, &reserved));
         let reserved_v4 = reserved_set(IpFamily::V4, &reserved);
         let reserved_v6 = reserved_set(IpFamily::V6, &reserved);
