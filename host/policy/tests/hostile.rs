@@ -11,15 +11,23 @@ use allot_core::policy::{Inventory, Policy, Request};
 use allot_core::{PolicyError, PolicyErrorKind};
 use allot_policy::{Limits, LoadedPolicy, PolicyEngine, PolicySource};
 
+/// The deadline for the tests of runaway loops.
 const DEADLINE: Duration = Duration::from_millis(50);
+/// The deadline for the tests of other faults: long enough that, on a loaded machine, the limit
+/// under test (memory cap, output checks) is what stops the policy, not the clock.
+const LONG: Duration = Duration::from_secs(10);
 /// Generous: this asserts that a call is stopped at all, not how fast (that is measured and
 /// recorded in docs/benchmarks.md).
 const SLACK: Duration = Duration::from_millis(500);
 
 fn hostile() -> LoadedPolicy {
+    hostile_with(DEADLINE)
+}
+
+fn hostile_with(deadline: Duration) -> LoadedPolicy {
     let limits = Limits {
         memory_bytes: 32 << 20,
-        deadline: DEADLINE,
+        deadline,
         max_instances: 16,
     };
     let engine = PolicyEngine::new(limits, None).unwrap();
@@ -44,7 +52,12 @@ fn expect_fault(
     let err = policy.decide(inv, &with_mode(inv, mode)).unwrap_err();
     let elapsed = started.elapsed();
     assert_eq!(err.kind, kind, "mode {mode}: {}", err.message);
-    assert!(elapsed < DEADLINE + SLACK, "mode {mode} took {elapsed:?}");
+    let deadline = if kind == PolicyErrorKind::Deadline {
+        DEADLINE
+    } else {
+        LONG
+    };
+    assert!(elapsed < deadline + SLACK, "mode {mode} took {elapsed:?}");
     // The same host serves the next call.
     let ok = policy.decide(inv, &common::request(inv)).unwrap();
     assert_eq!(ok.nics[0].families[0].order, vec![0, 1, 2], "after {mode}");
@@ -65,7 +78,7 @@ fn infinite_loop_is_stopped_at_the_deadline() {
 
 #[test]
 fn memory_bomb_hits_the_cap() {
-    let policy = hostile();
+    let policy = hostile_with(LONG);
     let inv = common::inventory(3);
     let err = expect_fault(&policy, &inv, "memory-bomb", PolicyErrorKind::MemoryLimit);
     assert!(
@@ -77,7 +90,7 @@ fn memory_bomb_hits_the_cap() {
 
 #[test]
 fn panic_is_reported_with_its_message() {
-    let policy = hostile();
+    let policy = hostile_with(LONG);
     let inv = common::inventory(3);
     let err = expect_fault(&policy, &inv, "panic", PolicyErrorKind::Trap);
     assert!(err.message.contains("panicked"), "{}", err.message);
@@ -90,7 +103,7 @@ fn panic_is_reported_with_its_message() {
 
 #[test]
 fn out_of_range_indices_are_rejected() {
-    let policy = hostile();
+    let policy = hostile_with(LONG);
     let inv = common::inventory(3);
     let err = expect_fault(&policy, &inv, "bad-index", PolicyErrorKind::BadOutput);
     assert!(
@@ -102,7 +115,7 @@ fn out_of_range_indices_are_rejected() {
 
 #[test]
 fn huge_outputs_are_rejected() {
-    let policy = hostile();
+    let policy = hostile_with(LONG);
     let inv = common::inventory(3);
     let err = expect_fault(&policy, &inv, "huge-output", PolicyErrorKind::BadOutput);
     assert!(
@@ -143,7 +156,7 @@ fn a_loop_while_loading_the_inventory_is_stopped_too() {
 
 #[test]
 fn a_policy_verdict_keeps_the_instance_warm() {
-    let policy = hostile();
+    let policy = hostile_with(LONG);
     let inv = common::inventory(3);
     let err = policy.decide(&inv, &with_mode(&inv, "error")).unwrap_err();
     assert_eq!(err.kind, PolicyErrorKind::InvalidInput);
