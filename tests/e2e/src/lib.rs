@@ -1090,29 +1090,21 @@ impl Lab {
     /// `None` (after printing `SKIP: test: reason`) when this machine cannot run e2e tests;
     /// else a lab whose agent serves `pools` (YAML documents).
     pub fn new(test: &str, pools: &str) -> Option<Lab> {
-        if skip(test) {
-            return None;
-        }
-        let plugins = PluginDir::new();
-        let host = Netns::new();
-        let agent = Agent::start(pools);
-        Some(Lab {
-            agent,
-            host,
-            plugins,
-            bridge: unique_name("br"),
-            network: "allot-e2e".into(),
-        })
+        Self::with_agent(test, || Agent::start(pools))
     }
 
     /// Like [`Lab::new`], with the agent on an existing pools directory.
     pub fn on_pools_dir(test: &str, pools_dir: &Path) -> Option<Lab> {
+        Self::with_agent(test, || Agent::start_on(pools_dir))
+    }
+
+    fn with_agent(test: &str, start: impl FnOnce() -> Agent) -> Option<Lab> {
         if skip(test) {
             return None;
         }
         let plugins = PluginDir::new();
         let host = Netns::new();
-        let agent = Agent::start_on(pools_dir);
+        let agent = start();
         Some(Lab {
             agent,
             host,
