@@ -370,7 +370,7 @@ fn result(o: &AddOutcome) -> api::IpamResult {
             .iter()
             .map(|r| api::RouteConfig {
                 dst: r.dst.to_string(),
-                gw: r.gw.map(|g| g.to_string()),
+                gw: Some(r.gw.to_string()),
             })
             .collect(),
     }

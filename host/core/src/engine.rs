@@ -26,7 +26,7 @@ use crate::policy::{
     CniDefaults, Decision, FamilyDecision, Inventory, NamespaceInfo, Nic, NodeInfo, PodInfo,
     Policy, PolicyError, Request, describe_drop,
 };
-use crate::pool::{Pool, Reserved, Subnet, reserved_set};
+use crate::pool::{Pool, Reserved, Route, Subnet, reserved_set};
 use crate::store::{Attachment, Claim, PodRef, Store, StoreError};
 
 /// How often a lost create-if-absent race is retried with another address before giving up.
@@ -64,12 +64,6 @@ impl Allocation {
     pub fn cidr(&self) -> String {
         format!("{}/{}", self.address, self.subnet.prefix_len())
     }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
-    pub dst: IpNet,
-    pub gw: Option<IpAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -265,10 +259,6 @@ impl<S: Store, P: Policy> Engine<S, P> {
         }
         *current = state;
         Ok(())
-    }
-
-    pub fn inventory(&self) -> Arc<Inventory> {
-        self.state().inventory.clone()
     }
 
     pub fn usage(&self) -> Vec<PoolUsage> {
@@ -527,14 +517,11 @@ impl<S: Store, P: Policy> Engine<S, P> {
                 };
                 routes.push(Route {
                     dst: default.parse().expect("a valid CIDR"),
-                    gw: Some(gw),
+                    gw,
                 });
             }
             if let Some(p) = pool {
-                routes.extend(p.routes.iter().map(|r| Route {
-                    dst: r.dst,
-                    gw: Some(r.gw),
-                }));
+                routes.extend(p.routes.iter().cloned());
             }
             allocations.push(Allocation {
                 address: claim.address,
@@ -550,7 +537,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
                     continue;
                 };
                 if allocations.iter().any(|a| a.subnet.contains(&gw)) {
-                    routes.push(Route { dst, gw: Some(gw) });
+                    routes.push(Route { dst, gw });
                 }
             }
         }

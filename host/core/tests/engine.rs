@@ -178,7 +178,7 @@ fn routes_carry_the_default_via_gateway_pool_routes_and_annotation_routes() {
     let routes: Vec<String> = out
         .routes
         .iter()
-        .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
+        .map(|r| format!("{} via {}", r.dst, r.gw))
         .collect();
     assert_eq!(
         routes,
