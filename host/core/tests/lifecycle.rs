@@ -493,3 +493,61 @@ fn a_late_del_does_not_release_a_later_add() {
     assert_eq!(e.del_request(&current).unwrap().len(), 1);
     assert!(e.store().all().unwrap().is_empty());
 }
+
+/// A policy that orders every pool, whatever its state: the host must not trust it.
+struct OrdersEverything;
+
+impl allot_core::policy::Policy for OrdersEverything {
+    fn decide(
+        &self,
+        inv: &Arc<allot_core::policy::Inventory>,
+        req: &allot_core::policy::Request,
+    ) -> Result<allot_core::policy::Decision, allot_core::policy::PolicyError> {
+        use allot_core::policy::{AcquisitionRule, Decision, FamilyDecision, NicDecision};
+        let all: Vec<u32> = (0..inv.pools.len() as u32).collect();
+        Ok(Decision {
+            nics: req
+                .nics
+                .iter()
+                .map(|n| NicDecision {
+                    interface: n.interface.clone(),
+                    clean_gateway: false,
+                    routes: vec![],
+                    families: vec![FamilyDecision {
+                        family: allot_core::IpFamily::V4,
+                        rule: AcquisitionRule::CniDefault,
+                        source: "test".into(),
+                        candidates: all.clone(),
+                        order: all.clone(),
+                        dropped: vec![],
+                    }],
+                })
+                .collect(),
+        })
+    }
+
+    fn name(&self) -> String {
+        "orders-everything".into()
+    }
+}
+
+#[test]
+fn a_policy_ordering_a_disabled_pool_is_refused_by_the_host() {
+    let mut off = pool("off", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None);
+    off.spec.disable = true;
+    let e = Engine::with_config(
+        MemoryStore::new(),
+        OrdersEverything,
+        quick(),
+        allot_core::store::system_clock(),
+    );
+    e.load(vec![off], vec![], vec![]).unwrap();
+    let err = e.add(&add_req("c1", "eth0", &["off"], &[])).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, AllocError::Policy(_)), "{err:?}");
+    assert!(
+        msg.contains("orders-everything") && msg.contains("off") && msg.contains("disabled"),
+        "{msg}"
+    );
+    assert!(e.store().all().unwrap().is_empty(), "nothing was claimed");
+}
