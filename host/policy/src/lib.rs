@@ -123,16 +123,18 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 #[derive(Clone)]
 pub struct PolicyEngine {
     engine: Engine,
+    ticker: Arc<runtime::EpochTicker>,
     limits: Limits,
     cache: Option<PrecompiledCache>,
 }
 
 impl PolicyEngine {
     pub fn new(limits: Limits, cache: Option<PrecompiledCache>) -> Result<Self, LoadError> {
-        let engine =
+        let (engine, ticker) =
             runtime::new_engine(&limits).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         Ok(PolicyEngine {
             engine,
+            ticker,
             limits,
             cache,
         })
@@ -160,11 +162,17 @@ impl PolicyEngine {
         if !foreign.is_empty() {
             tracing::debug!(policy = %source.name, ?foreign, "imports beyond the contract trap when called");
         }
-        let prepared = runtime::Prepared::new(&self.engine, &component, &source.name, self.limits)
-            .map_err(|e| LoadError::Contract {
-                name: source.name.clone(),
-                reason: format!("{e:#}"),
-            })?;
+        let prepared = runtime::Prepared::new(
+            &self.engine,
+            &self.ticker,
+            &component,
+            &source.name,
+            self.limits,
+        )
+        .map_err(|e| LoadError::Contract {
+            name: source.name.clone(),
+            reason: format!("{e:#}"),
+        })?;
         tracing::info!(policy = %source.name, %digest, from_cache, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "policy loaded");
         Ok(LoadedPolicy {
             name: source.name.clone(),

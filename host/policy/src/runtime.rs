@@ -2,7 +2,7 @@
 //! limits that keep a hostile policy from hurting the host. The rest of the crate sees plain
 //! Rust and allot-core types.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use allot_core::policy::{Decision, Inventory, Request};
@@ -30,7 +30,7 @@ pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(1);
 const MAX_LOG_LINES: usize = 32;
 const MAX_LOG_LINE: usize = 1024;
 
-pub(crate) fn new_engine(limits: &Limits) -> wasmtime::Result<Engine> {
+pub(crate) fn new_engine(limits: &Limits) -> wasmtime::Result<(Engine, Arc<EpochTicker>)> {
     let mut config = Config::new();
     config.epoch_interruption(true);
     // Synchronous WIT: no async machinery on the call path (it halves the cost of a call).
@@ -46,34 +46,110 @@ pub(crate) fn new_engine(limits: &Limits) -> wasmtime::Result<Engine> {
         .max_memory_size(limits.memory_bytes.saturating_add(16 << 20));
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     let engine = Engine::new(&config)?;
-    start_epoch_ticker(&engine);
-    Ok(engine)
+    let ticker = EpochTicker::start(&engine);
+    Ok((engine, ticker))
 }
 
-/// Advances the epoch once per tick of wall-clock time for as long as the engine lives. Ticks
-/// follow the clock, not the count of sleeps (each sleep overshoots a little, and 100 of them
-/// would stretch a 100 ms deadline by several milliseconds); a late wake-up catches up.
-fn start_epoch_ticker(engine: &Engine) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("allot-policy-epoch".into())
-        .spawn(move || {
-            let start = Instant::now();
-            let mut ticks: u128 = 0;
-            loop {
-                let due = start.elapsed().as_nanos() / EPOCH_TICK.as_nanos();
-                let Some(engine) = weak.upgrade() else { return };
-                while ticks < due {
-                    engine.increment_epoch();
-                    ticks += 1;
-                }
-                drop(engine);
-                let next =
-                    start + Duration::from_nanos(((ticks + 1) * EPOCH_TICK.as_nanos()) as u64);
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+/// Advances the engine's epoch once per tick of wall-clock time, but only while a policy call
+/// is in flight: an idle agent's ticker sleeps on a condition variable instead of waking a
+/// thousand times a second. Ticks follow the clock, not the count of sleeps (each sleep
+/// overshoots a little, and 100 of them would stretch a 100 ms deadline by several
+/// milliseconds); a late wake-up catches up. The first tick after an idle spell comes at once,
+/// so a call that woke the ticker is stopped no later than with a ticker that never slept
+/// (between its deadline and one tick past it, plus the wake-up), and never before.
+pub(crate) struct EpochTicker {
+    shared: Arc<TickerShared>,
+}
+
+struct TickerShared {
+    state: Mutex<TickerState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct TickerState {
+    in_flight: usize,
+    stopped: bool,
+}
+
+impl TickerShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TickerState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl EpochTicker {
+    fn start(engine: &Engine) -> Arc<Self> {
+        let shared = Arc::new(TickerShared {
+            state: Mutex::new(TickerState::default()),
+            wake: Condvar::new(),
+        });
+        let weak = engine.weak();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("allot-policy-epoch".into())
+            .spawn(move || tick_while_busy(&weak, &thread_shared))
+            .expect("spawning the epoch thread");
+        Arc::new(EpochTicker { shared })
+    }
+
+    /// Marks a call in flight until the guard drops; the epoch advances meanwhile.
+    pub(crate) fn enter(&self) -> InFlight<'_> {
+        let mut state = self.shared.lock();
+        state.in_flight += 1;
+        if state.in_flight == 1 {
+            self.shared.wake.notify_one();
+        }
+        InFlight { ticker: self }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.shared.lock().stopped = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+pub(crate) struct InFlight<'a> {
+    ticker: &'a EpochTicker,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.ticker.shared.lock().in_flight -= 1;
+    }
+}
+
+fn tick_while_busy(weak: &wasmtime::EngineWeak, shared: &TickerShared) {
+    loop {
+        {
+            let mut state = shared.lock();
+            while state.in_flight == 0 && !state.stopped {
+                state = shared.wake.wait(state).unwrap_or_else(|p| p.into_inner());
             }
-        })
-        .expect("spawning the epoch thread");
+            if state.stopped {
+                return;
+            }
+        }
+        let start = Instant::now();
+        let mut ticks: u128 = 0;
+        loop {
+            // Tick 0 is due at once: see the type's comment.
+            let due = start.elapsed().as_nanos() / EPOCH_TICK.as_nanos() + 1;
+            let Some(engine) = weak.upgrade() else { return };
+            while ticks < due {
+                engine.increment_epoch();
+                ticks += 1;
+            }
+            drop(engine);
+            if shared.lock().in_flight == 0 {
+                break;
+            }
+            let next = start + Duration::from_nanos((ticks * EPOCH_TICK.as_nanos()) as u64);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+    }
 }
 
 /// What a store carries: the memory cap and the policy's log lines for the current call.
@@ -148,6 +224,7 @@ fn truncate(s: &str, max: usize) -> &str {
 /// A compiled component, linked and ready to instantiate.
 pub(crate) struct Prepared {
     engine: Engine,
+    ticker: Arc<EpochTicker>,
     pre: PoolPolicyPre<HostState>,
     name: Arc<str>,
     limits: Limits,
@@ -166,6 +243,7 @@ struct Warm {
 impl Prepared {
     pub(crate) fn new(
         engine: &Engine,
+        ticker: &Arc<EpochTicker>,
         component: &Component,
         name: &str,
         limits: Limits,
@@ -178,6 +256,7 @@ impl Prepared {
         let pre = PoolPolicyPre::new(linker.instantiate_pre(component)?)?;
         Ok(Prepared {
             engine: engine.clone(),
+            ticker: ticker.clone(),
             pre,
             name: name.into(),
             limits,
@@ -242,6 +321,7 @@ impl Prepared {
         inventory: &Arc<Inventory>,
         request: &Request,
     ) -> Result<Decision, PolicyError> {
+        let _in_flight = self.ticker.enter();
         let taken = self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut warm = match taken {
             Some(w) => w,
