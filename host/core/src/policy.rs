@@ -368,6 +368,11 @@ pub trait Policy: Send + Sync {
         inventory: &Arc<Inventory>,
         request: &Request,
     ) -> Result<Decision, PolicyError>;
+
+    /// The policy's name, for errors that blame it.
+    fn name(&self) -> String {
+        "policy".to_string()
+    }
 }
 
 impl<P: Policy + ?Sized> Policy for Arc<P> {
@@ -377,6 +382,10 @@ impl<P: Policy + ?Sized> Policy for Arc<P> {
         request: &Request,
     ) -> Result<Decision, PolicyError> {
         (**self).decide(inventory, request)
+    }
+
+    fn name(&self) -> String {
+        (**self).name()
     }
 }
 

@@ -11,6 +11,7 @@ mod cache;
 mod convert;
 mod registry;
 mod runtime;
+mod slots;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -40,7 +41,9 @@ pub struct Limits {
     pub memory_bytes: usize,
     /// Wall-clock budget of one call (load-inventory included when it runs).
     pub deadline: Duration,
-    /// Instances alive at once across all policies of an engine (warm ones included).
+    /// Instances alive at once across all policies of an engine (warm ones included). A quarter
+    /// (at least one) is reserved for the embedded default, so that a custom policy under load
+    /// can never keep the fallback from instantiating; custom policies share the rest.
     pub max_instances: u32,
 }
 
@@ -84,6 +87,8 @@ pub struct PolicySource {
     pub bytes: Arc<[u8]>,
     /// Hex sha256 the component must have, when configured.
     pub expected_sha256: Option<String>,
+    /// The embedded default draws from the pool's reserved share (see `slots`).
+    share: slots::Share,
 }
 
 impl PolicySource {
@@ -92,6 +97,7 @@ impl PolicySource {
             name: name.into(),
             bytes: bytes.into(),
             expected_sha256: None,
+            share: slots::Share::Custom,
         }
     }
 
@@ -106,7 +112,10 @@ impl PolicySource {
 
     /// The embedded default policy.
     pub fn embedded_default() -> Self {
-        PolicySource::bytes(DEFAULT_POLICY_NAME, DEFAULT_POLICY_WASM)
+        PolicySource {
+            share: slots::Share::Default,
+            ..PolicySource::bytes(DEFAULT_POLICY_NAME, DEFAULT_POLICY_WASM)
+        }
     }
 
     pub fn with_sha256(mut self, hex: impl Into<String>) -> Self {
@@ -124,6 +133,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub struct PolicyEngine {
     engine: Engine,
     ticker: Arc<runtime::EpochTicker>,
+    slots: Arc<slots::InstanceSlots>,
     limits: Limits,
     cache: Option<PrecompiledCache>,
 }
@@ -135,6 +145,7 @@ impl PolicyEngine {
         Ok(PolicyEngine {
             engine,
             ticker,
+            slots: slots::InstanceSlots::new(limits.max_instances),
             limits,
             cache,
         })
@@ -165,6 +176,8 @@ impl PolicyEngine {
         let prepared = runtime::Prepared::new(
             &self.engine,
             &self.ticker,
+            &self.slots,
+            source.share,
             &component,
             &source.name,
             self.limits,
@@ -257,5 +270,9 @@ impl Policy for LoadedPolicy {
             ));
         }
         self.prepared.decide(inventory, request)
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
     }
 }

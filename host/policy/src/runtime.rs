@@ -15,6 +15,7 @@ use wasmtime::{
 
 use crate::Limits;
 use crate::convert;
+use crate::slots::{InstanceSlots, Share, Slot};
 
 wasmtime::component::bindgen!({
     world: "pool-policy",
@@ -228,6 +229,8 @@ pub(crate) struct Prepared {
     pre: PoolPolicyPre<HostState>,
     name: Arc<str>,
     limits: Limits,
+    slots: Arc<InstanceSlots>,
+    share: Share,
     warm: Mutex<Vec<Warm>>,
     /// The inventory converted for the guest, shared by every instance of this generation.
     converted: Mutex<Option<(Arc<Inventory>, Arc<wit::Inventory>)>>,
@@ -238,12 +241,16 @@ struct Warm {
     store: Store<HostState>,
     bindings: PoolPolicy,
     loaded: Option<Arc<Inventory>>,
+    /// Last, so that it is freed after the store (and with it wasmtime's slot).
+    _slot: Slot,
 }
 
 impl Prepared {
     pub(crate) fn new(
         engine: &Engine,
         ticker: &Arc<EpochTicker>,
+        slots: &Arc<InstanceSlots>,
+        share: Share,
         component: &Component,
         name: &str,
         limits: Limits,
@@ -260,6 +267,8 @@ impl Prepared {
             pre,
             name: name.into(),
             limits,
+            slots: slots.clone(),
+            share,
             warm: Mutex::new(Vec::new()),
             converted: Mutex::new(None),
         })
@@ -275,7 +284,47 @@ impl Prepared {
             .collect()
     }
 
-    fn new_warm(&self) -> Result<Warm, PolicyError> {
+    fn pop_warm(&self) -> Option<Warm> {
+        self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    /// A warm instance, else a new one if the policy's share of the pool has a free slot, else
+    /// the first of either within the deadline (see `slots`).
+    fn take_instance(&self) -> Result<Warm, PolicyError> {
+        if let Some(warm) = self.pop_warm() {
+            return Ok(warm);
+        }
+        let until = Instant::now() + self.limits.deadline;
+        let mut counts = self.slots.lock();
+        loop {
+            // Checked again under the slots' lock: whoever returns an instance notifies under it.
+            if let Some(warm) = self.pop_warm() {
+                return Ok(warm);
+            }
+            if let Some(slot) = self.slots.try_take(&mut counts, self.share) {
+                drop(counts);
+                return self.new_warm(slot);
+            }
+            counts = match self.slots.wait_until(counts, until) {
+                Some(counts) => counts,
+                None => {
+                    return Err(PolicyError::new(
+                        PolicyErrorKind::Deadline,
+                        format!(
+                            "policy {} got no instance within its deadline of {} ms: all {} \
+                             instances it may have are busy; raise the instance limit or make \
+                             the policy's calls shorter",
+                            self.name,
+                            self.limits.deadline.as_millis(),
+                            self.slots.share_size(self.share)
+                        ),
+                    ));
+                }
+            };
+        }
+    }
+
+    fn new_warm(&self, slot: Slot) -> Result<Warm, PolicyError> {
         let state = HostState {
             policy_name: self.name.clone(),
             memory_cap: self.limits.memory_bytes,
@@ -297,6 +346,7 @@ impl Prepared {
             store,
             bindings,
             loaded: None,
+            _slot: slot,
         })
     }
 
@@ -322,11 +372,7 @@ impl Prepared {
         request: &Request,
     ) -> Result<Decision, PolicyError> {
         let _in_flight = self.ticker.enter();
-        let taken = self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut warm = match taken {
-            Some(w) => w,
-            None => self.new_warm()?,
-        };
+        let mut warm = self.take_instance()?;
         let started = Instant::now();
         match self.call(&mut warm, inventory, request) {
             Ok(verdict) => {
@@ -334,6 +380,7 @@ impl Prepared {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push(warm);
+                self.slots.notify_returned();
                 let decision = verdict?;
                 decision.validate(inventory, request)?;
                 Ok(decision)
