@@ -12,7 +12,7 @@ use allot_core::policy::{
 };
 use allot_core::spec::{IpPoolSpec, ObjectMeta, ReservedIpSpec, RouteSpec};
 use allot_core::store::{Attachment, Claim, MemoryStore, PodRef, Store, StoreError};
-use allot_core::{IpFamily, Pool, Reserved};
+use allot_core::{IpFamily, PolicyErrorKind, Pool, Reserved};
 
 /// Candidates: the CNI default pools of each family, in order; exhausted ones dropped.
 struct CniDefaultsPolicy;
@@ -56,14 +56,28 @@ impl Policy for CniDefaultsPolicy {
             nics: req
                 .nics
                 .iter()
-                .map(|n| NicDecision {
-                    interface: n.interface.clone(),
-                    clean_gateway: req.pod.annotations.contains_key("clean-gateway"),
-                    routes: vec![RouteSpec {
-                        dst: "192.0.2.0/24".into(),
-                        gw: "10.0.0.1".into(),
-                    }],
-                    families: families.clone(),
+                .map(|n| match req.pod.annotations.get("fail-nic") {
+                    // The policy's per-NIC verdict, e.g. a pool the pod names does not exist.
+                    Some(message) if *message == n.interface => NicDecision {
+                        interface: n.interface.clone(),
+                        error: Some(PolicyError::new(
+                            PolicyErrorKind::InvalidInput,
+                            format!("IPPool ghost named for {message} does not exist"),
+                        )),
+                        clean_gateway: false,
+                        routes: vec![],
+                        families: vec![],
+                    },
+                    _ => NicDecision {
+                        interface: n.interface.clone(),
+                        error: None,
+                        clean_gateway: req.pod.annotations.contains_key("clean-gateway"),
+                        routes: vec![RouteSpec {
+                            dst: "192.0.2.0/24".into(),
+                            gw: "10.0.0.1".into(),
+                        }],
+                        families: families.clone(),
+                    },
                 })
                 .collect(),
         })
@@ -583,4 +597,19 @@ fn adds_before_pools_are_loaded_fail_clearly() {
         e.add(&add_req("c1", "eth0", &["a"], &[])),
         Err(AllocError::NotLoaded)
     ));
+}
+
+#[test]
+fn a_nic_the_policy_fails_fails_its_add_with_the_policys_error() {
+    let e = engine(vec![pool("a", "10.0.0.0/24", &[], None)]);
+    let mut req = add_req("c1", "eth0", &["a"], &[]);
+    req.pod.annotations.insert("fail-nic".into(), "eth0".into());
+    match e.add(&req) {
+        Err(AllocError::Policy(err)) => {
+            assert_eq!(err.kind, PolicyErrorKind::InvalidInput);
+            assert_eq!(err.message, "IPPool ghost named for eth0 does not exist");
+        }
+        other => panic!("expected the policy's error, got {other:?}"),
+    }
+    assert!(e.store().claims_of(&att("c1", "eth0")).unwrap().is_empty());
 }

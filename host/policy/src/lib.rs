@@ -8,6 +8,7 @@
 //!   failure behaviour: fail, or fall back to the default policy embedded in every host binary.
 
 mod cache;
+mod contract;
 mod convert;
 mod registry;
 mod runtime;
@@ -74,7 +75,9 @@ pub enum LoadError {
     },
     #[error("policy {name} is not a valid component: {reason}")]
     Compile { name: String, reason: String },
-    #[error("policy {name} does not fit the allot:policy@0.1.0 contract: {reason}")]
+    #[error(
+        "policy {name} does not fit the allot:policy contract (0.2.0, or the older 0.1.0): {reason}"
+    )]
     Contract { name: String, reason: String },
     #[error("creating the policy engine: {0}")]
     Engine(String),
@@ -241,6 +244,12 @@ impl LoadedPolicy {
 
     pub fn warm_instances(&self) -> usize {
         self.prepared.warm_instances()
+    }
+
+    /// The version of the `allot:policy` contract the component was built against ("0.2.0",
+    /// or "0.1.0" for an older component, which the host keeps running unchanged).
+    pub fn contract_version(&self) -> &'static str {
+        self.prepared.contract_version()
     }
 }
 

@@ -7,22 +7,15 @@ use std::time::{Duration, Instant};
 
 use allot_core::policy::{Decision, Inventory, Request};
 use allot_core::{PolicyError, PolicyErrorKind};
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::Component;
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
     Trap,
 };
 
 use crate::Limits;
-use crate::convert;
+use crate::contract::{self, GuestInventory};
 use crate::slots::{InstanceSlots, Share, Slot};
-
-wasmtime::component::bindgen!({
-    world: "pool-policy",
-    path: "../../wit",
-});
-
-pub(crate) use allot::policy::types as wit;
 
 /// How often the engine's epoch advances; deadlines are whole ticks.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -189,8 +182,9 @@ impl ResourceLimiter for HostState {
     }
 }
 
-impl allot::policy::host::Host for HostState {
-    fn log(&mut self, level: wit::LogLevel, message: String) {
+impl HostState {
+    /// The contract's one import, whichever version the policy was built against.
+    pub(crate) fn log(&mut self, level: tracing::Level, message: &str) {
         if let Some(panic) = message.strip_prefix("panic: ") {
             self.last_panic = Some(truncate(panic, MAX_LOG_LINE).to_string());
         }
@@ -198,18 +192,16 @@ impl allot::policy::host::Host for HostState {
         if self.log_lines > MAX_LOG_LINES {
             return;
         }
-        let message = truncate(&message, MAX_LOG_LINE);
+        let message = truncate(message, MAX_LOG_LINE);
         let policy = &*self.policy_name;
         match level {
-            wit::LogLevel::Error => tracing::error!(policy, "{message}"),
-            wit::LogLevel::Warn => tracing::warn!(policy, "{message}"),
-            wit::LogLevel::Info => tracing::info!(policy, "{message}"),
-            wit::LogLevel::Debug => tracing::debug!(policy, "{message}"),
+            tracing::Level::ERROR => tracing::error!(policy, "{message}"),
+            tracing::Level::WARN => tracing::warn!(policy, "{message}"),
+            tracing::Level::INFO => tracing::info!(policy, "{message}"),
+            _ => tracing::debug!(policy, "{message}"),
         }
     }
 }
-
-impl allot::policy::types::Host for HostState {}
 
 fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
@@ -226,20 +218,20 @@ fn truncate(s: &str, max: usize) -> &str {
 pub(crate) struct Prepared {
     engine: Engine,
     ticker: Arc<EpochTicker>,
-    pre: PoolPolicyPre<HostState>,
+    pre: contract::Pre,
     name: Arc<str>,
     limits: Limits,
     slots: Arc<InstanceSlots>,
     share: Share,
     warm: Mutex<Vec<Warm>>,
     /// The inventory converted for the guest, shared by every instance of this generation.
-    converted: Mutex<Option<(Arc<Inventory>, Arc<wit::Inventory>)>>,
+    converted: Mutex<Option<(Arc<Inventory>, Arc<GuestInventory>)>>,
 }
 
 /// A live instance with the inventory it last loaded.
 struct Warm {
     store: Store<HostState>,
-    bindings: PoolPolicy,
+    bindings: contract::Instance,
     loaded: Option<Arc<Inventory>>,
     /// Last, so that it is freed after the store (and with it wasmtime's slot).
     _slot: Slot,
@@ -255,12 +247,7 @@ impl Prepared {
         name: &str,
         limits: Limits,
     ) -> wasmtime::Result<Self> {
-        let mut linker: Linker<HostState> = Linker::new(engine);
-        PoolPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-        // A policy built with std may still name WASI functions it never calls (stderr for
-        // panics). They get no capability: calling one traps.
-        linker.define_unknown_imports_as_traps(component)?;
-        let pre = PoolPolicyPre::new(linker.instantiate_pre(component)?)?;
+        let pre = contract::Pre::new(engine, component)?;
         Ok(Prepared {
             engine: engine.clone(),
             ticker: ticker.clone(),
@@ -354,12 +341,12 @@ impl Prepared {
         (self.limits.deadline.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
     }
 
-    fn converted(&self, inventory: &Arc<Inventory>) -> Arc<wit::Inventory> {
+    fn converted(&self, inventory: &Arc<Inventory>) -> Arc<GuestInventory> {
         let mut slot = self.converted.lock().unwrap_or_else(|p| p.into_inner());
         match &*slot {
             Some((inv, wit)) if Arc::ptr_eq(inv, inventory) => wit.clone(),
             _ => {
-                let wit = Arc::new(convert::inventory(inventory));
+                let wit = Arc::new(self.pre.convert_inventory(inventory));
                 *slot = Some((inventory.clone(), wit.clone()));
                 wit
             }
@@ -401,21 +388,17 @@ impl Prepared {
         state.log_lines = 0;
         state.last_panic = None;
         warm.store.set_epoch_deadline(self.deadline_ticks());
-        let guest = warm.bindings.allot_policy_policy();
         if !warm
             .loaded
             .as_ref()
             .is_some_and(|l| Arc::ptr_eq(l, inventory))
         {
             let converted = self.converted(inventory);
-            guest.call_load_inventory(&mut warm.store, &converted)?;
+            warm.bindings.load_inventory(&mut warm.store, &converted)?;
             warm.loaded = Some(inventory.clone());
         }
-        let req = convert::request(inventory.generation, request);
-        let verdict = guest.call_decide(&mut warm.store, &req)?;
-        Ok(verdict
-            .map(convert::decision)
-            .map_err(convert::decision_error))
+        warm.bindings
+            .decide(&mut warm.store, inventory.generation, request)
     }
 
     fn classify(&self, warm: &Warm, err: wasmtime::Error, elapsed: Duration) -> PolicyError {
@@ -451,6 +434,11 @@ impl Prepared {
             PolicyErrorKind::Trap,
             format!("policy {name} trapped: {err:#}"),
         )
+    }
+
+    /// The contract version the component was built against, e.g. "0.2.0".
+    pub(crate) fn contract_version(&self) -> &'static str {
+        self.pre.version()
     }
 
     /// Instances kept warm right now (for tests and metrics).
