@@ -360,6 +360,9 @@ impl<S: Store, P: Policy> Engine<S, P> {
             .nics
             .first()
             .ok_or_else(|| AllocError::NothingDecided(req.attachment.interface.clone()))?;
+        if let Some(error) = &nic.error {
+            return Err(AllocError::Policy(error.clone()));
+        }
         if nic.families.is_empty() {
             return Err(AllocError::NothingDecided(req.attachment.interface.clone()));
         }

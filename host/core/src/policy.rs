@@ -293,6 +293,9 @@ pub struct FamilyDecision {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NicDecision {
     pub interface: String,
+    /// The policy cannot serve this NIC (e.g. the pod names a pool that does not exist): its
+    /// allocation fails with this error; the other fields are empty. Other NICs are unaffected.
+    pub error: Option<PolicyError>,
     pub clean_gateway: bool,
     pub routes: Vec<RouteSpec>,
     pub families: Vec<FamilyDecision>,
@@ -415,6 +418,21 @@ impl Decision {
                     "policy answered for interface {:?} where {:?} was asked",
                     truncate(&nic.interface, 64),
                     asked.interface
+                ));
+            }
+            if nic.error.is_some() && !(nic.families.is_empty() && nic.routes.is_empty()) {
+                return bad(format!(
+                    "policy failed interface {} but also decided pools or routes for it",
+                    nic.interface
+                ));
+            }
+            if let Some(error) = &nic.error
+                && error.message.len() > MAX_DETAIL_BYTES
+            {
+                return bad(format!(
+                    "policy returned an error message of {} bytes for interface {}",
+                    error.message.len(),
+                    nic.interface
                 ));
             }
             if nic.routes.len() > MAX_ROUTES {
@@ -676,6 +694,7 @@ mod tests {
         Decision {
             nics: vec![NicDecision {
                 interface: "eth0".into(),
+                error: None,
                 clean_gateway: false,
                 routes: vec![],
                 families: vec![FamilyDecision {
@@ -697,6 +716,26 @@ mod tests {
         assert_eq!(names, ["a", "b", "c6", "d-off", "e-gone"]);
         assert_eq!(inv.pool_index("b"), Some(1));
         assert_eq!(inv.pool_index("zz"), None);
+    }
+
+    #[test]
+    fn validate_accepts_a_failed_nic_only_without_pools() {
+        let mut d = decision(vec![], vec![]);
+        d.nics[0].families.clear();
+        d.nics[0].error = Some(PolicyError::new(
+            PolicyErrorKind::NotReady,
+            "IPPool ghost does not exist",
+        ));
+        d.validate(&inventory(), &request()).unwrap();
+        let mut both = decision(vec![0], vec![0]);
+        both.nics[0].error = d.nics[0].error.clone();
+        let err = both.validate(&inventory(), &request()).unwrap_err();
+        assert_eq!(err.kind, PolicyErrorKind::BadOutput);
+        assert!(
+            err.message.contains("failed interface eth0"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

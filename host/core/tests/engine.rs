@@ -11,7 +11,7 @@ use allot_core::spec::{ObjectMeta, ReservedIpSpec};
 use allot_core::store::{
     Attachment, Changes, Claim, MemoryStore, PodRef, Reattach, Snapshot, Store, StoreError,
 };
-use allot_core::{IpFamily, Reserved};
+use allot_core::{IpFamily, PolicyErrorKind, Reserved};
 
 mod common;
 use common::*;
@@ -503,4 +503,19 @@ fn adds_before_pools_are_loaded_fail_clearly() {
         e.add(&add_req("c1", "eth0", &["a"], &[])),
         Err(AllocError::NotLoaded)
     ));
+}
+
+#[test]
+fn a_nic_the_policy_fails_fails_its_add_with_the_policys_error() {
+    let e = engine(vec![pool("a", "10.0.0.0/24", &[], None)]);
+    let mut req = add_req("c1", "eth0", &["a"], &[]);
+    req.pod.annotations.insert("fail-nic".into(), "eth0".into());
+    match e.add(&req) {
+        Err(AllocError::Policy(err)) => {
+            assert_eq!(err.kind, PolicyErrorKind::InvalidInput);
+            assert_eq!(err.message, "IPPool ghost named for eth0 does not exist");
+        }
+        other => panic!("expected the policy's error, got {other:?}"),
+    }
+    assert!(e.store().claims_of(&att("c1", "eth0")).unwrap().is_empty());
 }

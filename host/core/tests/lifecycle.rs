@@ -511,6 +511,7 @@ impl allot_core::policy::Policy for OrdersEverything {
                 .iter()
                 .map(|n| NicDecision {
                     interface: n.interface.clone(),
+                    error: None,
                     clean_gateway: false,
                     routes: vec![],
                     families: vec![FamilyDecision {

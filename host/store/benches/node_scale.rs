@@ -39,6 +39,7 @@ impl Policy for CniDefaultsPolicy {
                 .iter()
                 .map(|n| NicDecision {
                     interface: n.interface.clone(),
+                    error: None,
                     clean_gateway: false,
                     routes: vec![],
                     families: vec![FamilyDecision {

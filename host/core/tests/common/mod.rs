@@ -13,7 +13,7 @@ use allot_core::policy::{
 };
 use allot_core::spec::{IpPoolSpec, ObjectMeta, RouteSpec};
 use allot_core::store::{Attachment, Clock, MemoryStore, Store};
-use allot_core::{IpFamily, Pool};
+use allot_core::{IpFamily, PolicyErrorKind, Pool};
 
 /// Candidates: the CNI default pools of each family, in order; exhausted ones dropped.
 pub struct CniDefaultsPolicy;
@@ -57,14 +57,28 @@ impl Policy for CniDefaultsPolicy {
             nics: req
                 .nics
                 .iter()
-                .map(|n| NicDecision {
-                    interface: n.interface.clone(),
-                    clean_gateway: req.pod.annotations.contains_key("clean-gateway"),
-                    routes: vec![RouteSpec {
-                        dst: "192.0.2.0/24".into(),
-                        gw: "10.0.0.1".into(),
-                    }],
-                    families: families.clone(),
+                .map(|n| match req.pod.annotations.get("fail-nic") {
+                    // The policy's per-NIC verdict, e.g. a pool the pod names does not exist.
+                    Some(message) if *message == n.interface => NicDecision {
+                        interface: n.interface.clone(),
+                        error: Some(PolicyError::new(
+                            PolicyErrorKind::InvalidInput,
+                            format!("IPPool ghost named for {message} does not exist"),
+                        )),
+                        clean_gateway: false,
+                        routes: vec![],
+                        families: vec![],
+                    },
+                    _ => NicDecision {
+                        interface: n.interface.clone(),
+                        error: None,
+                        clean_gateway: req.pod.annotations.contains_key("clean-gateway"),
+                        routes: vec![RouteSpec {
+                            dst: "192.0.2.0/24".into(),
+                            gw: "10.0.0.1".into(),
+                        }],
+                        families: families.clone(),
+                    },
                 })
                 .collect(),
         })
