@@ -98,7 +98,7 @@ impl InstanceSlots {
         })
     }
 
-    /// Waits for a release or until `until`; false when `until` has passed.
+    /// Waits for a release or until `until`; None once `until` has passed.
     pub(crate) fn wait_until<'a>(
         &self,
         counts: MutexGuard<'a, Counts>,

@@ -96,7 +96,7 @@ fn a_corrupt_cache_entry_is_discarded_and_recompiled() {
     assert!(!again.from_cache());
 }
 
-fn hostile_named(registry: &PolicyRegistry, cluster: &str) -> Arc<allot_policy::LoadedPolicy> {
+fn installed(registry: &PolicyRegistry, cluster: &str) -> Arc<allot_policy::LoadedPolicy> {
     registry.get(cluster).unwrap().policy.clone()
 }
 
@@ -140,10 +140,7 @@ fn registry_falls_back_to_the_default_only_when_asked_and_only_on_faults() {
 
     // The engine names the policy that decides for a cluster in its errors.
     let registry = Arc::new(registry);
-    assert_eq!(
-        Policy::name(&*hostile_named(&registry, "strict")),
-        "hostile"
-    );
+    assert_eq!(Policy::name(&*installed(&registry, "strict")), "hostile");
     assert_eq!(Policy::name(&registry.for_cluster("other")), "default");
     assert_eq!(Policy::name(&registry.for_cluster("strict")), "hostile");
 
