@@ -153,6 +153,27 @@ pub(crate) struct HostState {
     memory_cap_hit: Option<usize>,
     log_lines: usize,
     last_panic: Option<String>,
+    /// When the current call's time is up, by the wall clock. The epoch is only a cheap
+    /// trigger: a ticker starved by a loaded machine catches up in a burst, and a call started
+    /// just before the burst must not be stopped early (see `wall_clock_deadline`).
+    wall_deadline: Option<Instant>,
+}
+
+/// Called when a call's epoch deadline passes: stops the guest only once the wall-clock
+/// deadline has passed too; otherwise extends the epoch deadline to the time that is left.
+fn wall_clock_deadline(
+    ctx: wasmtime::StoreContextMut<'_, HostState>,
+) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+    let now = Instant::now();
+    Ok(match ctx.data().wall_deadline {
+        Some(deadline) if now < deadline => {
+            let left = deadline - now;
+            wasmtime::UpdateDeadline::Continue(
+                (left.as_micros() / EPOCH_TICK.as_micros()) as u64 + 1,
+            )
+        }
+        _ => wasmtime::UpdateDeadline::Interrupt,
+    })
 }
 
 impl ResourceLimiter for HostState {
@@ -318,11 +339,12 @@ impl Prepared {
             memory_cap_hit: None,
             log_lines: 0,
             last_panic: None,
+            wall_deadline: Some(Instant::now() + self.limits.deadline),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| s);
         store.set_epoch_deadline(self.deadline_ticks());
-        store.epoch_deadline_trap();
+        store.epoch_deadline_callback(wall_clock_deadline);
         let bindings = self.pre.instantiate(&mut store).map_err(|e| {
             PolicyError::new(
                 PolicyErrorKind::Load,
@@ -387,6 +409,7 @@ impl Prepared {
         let state = warm.store.data_mut();
         state.log_lines = 0;
         state.last_panic = None;
+        state.wall_deadline = Some(Instant::now() + self.limits.deadline);
         warm.store.set_epoch_deadline(self.deadline_ticks());
         if !warm
             .loaded
