@@ -335,6 +335,11 @@ impl<S: Store, P: Policy> Engine<S, P> {
             let Ok((inventory, request, decision)) = decided else {
                 return Ok(self.outcome(&held, None, true, Vec::new()));
             };
+            if decision.nics.first().is_none_or(|n| n.error.is_some()) {
+                // The policy cannot serve the NIC now (e.g. its pool was deleted): what it holds
+                // keeps serving; nothing new is claimed.
+                return Ok(self.outcome(&held, None, true, Vec::new()));
+            }
             let mut all = held;
             let claimed = self.allocate(req, &inventory, &request, &decision, &mut all)?;
             let repeated = claimed.is_empty();

@@ -519,3 +519,14 @@ fn a_nic_the_policy_fails_fails_its_add_with_the_policys_error() {
     }
     assert!(e.store().claims_of(&att("c1", "eth0")).unwrap().is_empty());
 }
+
+#[test]
+fn a_retried_add_keeps_serving_what_it_holds_when_the_policy_fails_the_nic() {
+    let e = engine(vec![pool("a", "10.0.0.0/24", &[], None)]);
+    let mut req = add_req("c1", "eth0", &["a"], &[]);
+    let first = e.add(&req).unwrap();
+    req.pod.annotations.insert("fail-nic".into(), "eth0".into());
+    let retried = e.add(&req).unwrap();
+    assert_eq!(retried.allocations, first.allocations);
+    assert!(retried.repeated);
+}

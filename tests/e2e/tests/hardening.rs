@@ -326,8 +326,13 @@ fn a_deleted_pool_keeps_serving_its_claims_until_released() {
     );
     lab.cni("allot", "CHECK", &pod, &with_prev_result(&conf, &prev))
         .expect_ok();
-    lab.cni("allot", "ADD", &Attachment::new("new-pod"), &conf)
-        .expect_err(&[100]);
+    // No new allocations: to the policy the deleted pool no longer exists.
+    let refused = lab.cni("allot", "ADD", &Attachment::new("new-pod"), &conf);
+    refused.expect_err(&[11]);
+    assert!(
+        refused.stdout.contains("IPPool old does not exist"),
+        "{refused}"
+    );
 
     lab.cni("bridge", "DEL", &pod, &conf).expect_ok();
     assert!(lab.agent.status().pools.iter().all(|p| p.name != "old"));
