@@ -23,6 +23,10 @@ done <<'PACKAGES'
 /usr/lib/cni/bridge containernetworking-plugins
 ip iproute2
 ping iputils-ping
+etcd etcd-server
+etcdctl etcd-client
+protoc protobuf-compiler
+/usr/include/google/protobuf/descriptor.proto libprotobuf-dev
 PACKAGES
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${missing[*]}"

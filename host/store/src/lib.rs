@@ -4,11 +4,14 @@
 //! backends and the contract they all pass:
 //!
 //! - [`sqlite`]: the embedded default, one SQLite file per node ([`SqliteStore`]).
+//! - [`etcd`]: claims in an etcd v3 cluster, for several nodes ([`EtcdStore`]).
 //! - [`contract`]: the backend-independent contract suite, expanded into one test per behaviour
 //!   by [`store_contract_tests!`]. Every backend (embedded, etcd, kubernetes, test doubles) runs
 //!   it.
 
 pub mod contract;
+pub mod etcd;
 pub mod sqlite;
 
+pub use etcd::{EtcdConfig, EtcdStore};
 pub use sqlite::SqliteStore;

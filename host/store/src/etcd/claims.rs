@@ -1,0 +1,541 @@
+//! The claim operations, as guarded etcd transactions.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use allot_core::store::{Claim, Reattach, Snapshot, StoreError, unchanged};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+
+use super::keys::{self, Keys, range_end};
+use super::{Inner, RELEASE_CHUNK, etcd_error};
+
+/// etcd's default `--max-txn-ops`: operations (and compares) one transaction may hold.
+pub const MAX_TXN_OPS: usize = 128;
+
+/// Fresh reads after a claim changed between our read and our guarded write.
+const ATTEMPTS: usize = 16;
+
+/// Keys per page when listing every claim.
+const PAGE: i64 = 2000;
+
+/// A claim as read, with the revision its write is guarded on.
+#[derive(Clone, Debug)]
+pub(super) struct Read {
+    pub claim: Claim,
+    pub mod_revision: i64,
+}
+
+fn same_pod(a: &Claim, namespace: &str, name: &str) -> bool {
+    a.pod.namespace == namespace && a.pod.name == name
+}
+
+fn gets(txn: &TxnResponse) -> Vec<Option<KeyValue>> {
+    txn.op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn sorted(mut claims: Vec<Claim>) -> Vec<Claim> {
+    claims.sort_by_key(|c| c.address);
+    claims
+}
+
+impl Inner {
+    fn kv(&self) -> KvClient {
+        self.client.kv_client()
+    }
+
+    fn err(&self, e: etcd_client::Error) -> StoreError {
+        etcd_error(&self.endpoints, e)
+    }
+
+    fn now(&self) -> u64 {
+        (self.clock)()
+    }
+
+    fn decode(&self, kv: &KeyValue) -> Result<Read, StoreError> {
+        let claim = keys::decode(kv.key(), kv.value()).map_err(|e| {
+            StoreError::Backend(format!(
+                "{e}; fix or delete the key with etcdctl (see docs/operations.md)"
+            ))
+        })?;
+        Ok(Read {
+            claim,
+            mod_revision: kv.mod_revision(),
+        })
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+        self.kv().txn(txn).await.map_err(|e| self.err(e))
+    }
+
+    /// The claims of `addresses` (`None`: not claimed), read in transactions of gets.
+    pub(super) async fn read_claims(
+        &self,
+        addresses: &[IpAddr],
+    ) -> Result<Vec<Option<Read>>, StoreError> {
+        let mut out = Vec::with_capacity(addresses.len());
+        for chunk in addresses.chunks(MAX_TXN_OPS) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|a| TxnOp::get(self.keys.claim(*a), None))
+                .collect();
+            let resp = self.txn(Txn::new().and_then(ops)).await?;
+            for kv in gets(&resp) {
+                out.push(kv.map(|kv| self.decode(&kv)).transpose()?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The addresses listed under an index prefix.
+    async fn index(&self, prefix: &str) -> Result<Vec<IpAddr>, StoreError> {
+        let resp = self
+            .kv()
+            .get(
+                prefix,
+                Some(
+                    GetOptions::new()
+                        .with_range(range_end(prefix))
+                        .with_keys_only(),
+                ),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| Keys::address_of(kv.key()))
+            .collect())
+    }
+
+    /// The claims an index lists, as read now.
+    async fn index_reads(&self, prefix: &str) -> Result<Vec<Read>, StoreError> {
+        let addresses = self.index(prefix).await?;
+        Ok(self
+            .read_claims(&addresses)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
+    pub(super) async fn claims_at_index(&self, prefix: &str) -> Result<Vec<Claim>, StoreError> {
+        let reads = self.index_reads(prefix).await?;
+        Ok(sorted(reads.into_iter().map(|r| r.claim).collect()))
+    }
+
+    /// The index keys of a claim as it stands.
+    fn index_puts(&self, c: &Claim, ops: &mut Vec<TxnOp>) {
+        match &c.attachment {
+            Some(a) => ops.push(TxnOp::put(
+                format!("{}{}", self.keys.by_attachment(a), c.address),
+                "",
+                None,
+            )),
+            None => ops.push(TxnOp::put(
+                format!("{}{}", self.keys.detached(), c.address),
+                "",
+                None,
+            )),
+        }
+    }
+
+    fn index_deletes(&self, c: &Claim, ops: &mut Vec<TxnOp>) {
+        match &c.attachment {
+            Some(a) => ops.push(TxnOp::delete(
+                format!("{}{}", self.keys.by_attachment(a), c.address),
+                None,
+            )),
+            None => ops.push(TxnOp::delete(
+                format!("{}{}", self.keys.detached(), c.address),
+                None,
+            )),
+        }
+    }
+
+    fn pod_index(&self, c: &Claim) -> String {
+        format!(
+            "{}{}",
+            self.keys.by_pod(&c.pod.namespace, &c.pod.name),
+            c.address
+        )
+    }
+
+    pub(super) async fn claim_batch(
+        &self,
+        fresh: Vec<Claim>,
+        reattach: Vec<Reattach>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        if fresh.is_empty() && reattach.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut named = BTreeSet::new();
+        if let Some(c) = fresh.iter().find(|c| !named.insert(c.address)) {
+            return Err(StoreError::Conflict(c.address));
+        }
+        let twice = reattach.iter().find(|r| !named.insert(r.address));
+        let pools: BTreeMap<&str, IpAddr> =
+            fresh.iter().map(|c| (c.pool.as_str(), c.address)).collect();
+        let ops = fresh.len() * 4 + reattach.len() * 3 + pools.len();
+        if ops > MAX_TXN_OPS || fresh.len() + reattach.len() > MAX_TXN_OPS {
+            return Err(StoreError::Backend(format!(
+                "a batch of {} addresses needs {ops} etcd operations, more than etcd's \
+                 --max-txn-ops ({MAX_TXN_OPS}); allocate fewer addresses per pod",
+                fresh.len() + reattach.len()
+            )));
+        }
+
+        // The detached claims to take back, as they are now.
+        let reads = self
+            .read_claims(&reattach.iter().map(|r| r.address).collect::<Vec<_>>())
+            .await?;
+        let refused = twice.map(|r| r.address).or_else(|| {
+            reattach.iter().zip(&reads).find_map(|(r, read)| {
+                let ok = read.as_ref().is_some_and(|read| {
+                    read.claim.attachment.is_none()
+                        && same_pod(&read.claim, &r.pod.namespace, &r.pod.name)
+                });
+                (!ok).then_some(r.address)
+            })
+        });
+        if let Some(stale) = refused {
+            // A fresh address that is taken is the answer that matters more.
+            let taken = self
+                .read_claims(&fresh.iter().map(|c| c.address).collect::<Vec<_>>())
+                .await?;
+            if let Some((c, _)) = fresh.iter().zip(&taken).find(|(_, t)| t.is_some()) {
+                return Err(StoreError::Conflict(c.address));
+            }
+            return Err(StoreError::Stale(stale));
+        }
+
+        let mut compares = Vec::new();
+        let mut success = Vec::new();
+        let mut failure = Vec::new();
+        for c in &fresh {
+            let key = self.keys.claim(c.address);
+            compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+            success.push(TxnOp::put(key.clone(), keys::encode(c), None));
+            self.index_puts(c, &mut success);
+            success.push(TxnOp::put(self.pod_index(c), "", None));
+            success.push(TxnOp::delete(
+                format!("{}{}", self.keys.released(), c.address),
+                None,
+            ));
+            failure.push(TxnOp::get(key, None));
+        }
+        for (pool, address) in &pools {
+            success.push(TxnOp::put(
+                self.keys.cursor(pool),
+                address.to_string(),
+                None,
+            ));
+        }
+        let mut out = Vec::with_capacity(reattach.len());
+        let mut guards = Vec::with_capacity(reattach.len());
+        for (r, read) in reattach.iter().zip(reads) {
+            let read = read.expect("checked above");
+            guards.push(read.mod_revision);
+            let key = self.keys.claim(r.address);
+            compares.push(Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                read.mod_revision,
+            ));
+            let mut c = read.claim;
+            self.index_deletes(&c, &mut success);
+            c.attachment = Some(r.attachment.clone());
+            c.pod = r.pod.clone();
+            c.updated_at = r.now;
+            success.push(TxnOp::put(key.clone(), keys::encode(&c), None));
+            self.index_puts(&c, &mut success);
+            failure.push(TxnOp::get(key, None));
+            out.push(c);
+        }
+        let resp = self
+            .txn(Txn::new().when(compares).and_then(success).or_else(failure))
+            .await?;
+        if resp.succeeded() {
+            return Ok(out);
+        }
+        // Someone was first: name a fresh address now claimed, else a reattach that changed.
+        let now: Vec<Option<KeyValue>> = gets(&resp);
+        if let Some((c, _)) = fresh.iter().zip(&now).find(|(_, kv)| kv.is_some()) {
+            return Err(StoreError::Conflict(c.address));
+        }
+        let moved = reattach
+            .iter()
+            .zip(&guards)
+            .zip(now.iter().skip(fresh.len()))
+            .find(|((_, guard), kv)| kv.as_ref().map(|kv| kv.mod_revision()) != Some(**guard))
+            .map(|((r, _), _)| r.address)
+            .or(reattach.first().map(|r| r.address));
+        Err(match moved {
+            Some(address) => StoreError::Stale(address),
+            // A fresh address claimed and released again between the guard and our look.
+            None => StoreError::Conflict(fresh[0].address),
+        })
+    }
+
+    /// Deletes each read claim still at the revision it was read at, in transactions of
+    /// [`RELEASE_CHUNK`]. Returns the claims released and the addresses whose claim changed
+    /// (in a chunk that was refused), to read again.
+    async fn release_reads(
+        &self,
+        reads: Vec<Read>,
+    ) -> Result<(Vec<Claim>, Vec<IpAddr>), StoreError> {
+        let now = self.now();
+        let (mut released, mut changed) = (Vec::new(), Vec::new());
+        for chunk in reads.chunks(RELEASE_CHUNK) {
+            let mut compares = Vec::new();
+            let mut ops = Vec::new();
+            for r in chunk {
+                let c = &r.claim;
+                let key = self.keys.claim(c.address);
+                compares.push(Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    r.mod_revision,
+                ));
+                ops.push(TxnOp::delete(key, None));
+                self.index_deletes(c, &mut ops);
+                ops.push(TxnOp::delete(self.pod_index(c), None));
+                ops.push(TxnOp::put(
+                    format!("{}{}", self.keys.released(), c.address),
+                    now.to_string(),
+                    None,
+                ));
+            }
+            if self
+                .txn(Txn::new().when(compares).and_then(ops))
+                .await?
+                .succeeded()
+            {
+                released.extend(chunk.iter().map(|r| r.claim.clone()));
+            } else {
+                changed.extend(chunk.iter().map(|r| r.claim.address));
+            }
+        }
+        Ok((released, changed))
+    }
+
+    /// Releases what `select` picks among fresh reads, again and again while claims change
+    /// under us.
+    async fn release_where(
+        &self,
+        mut reads: Vec<Read>,
+        select: impl Fn(&Claim) -> bool,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let mut released = Vec::new();
+        for _ in 0..ATTEMPTS {
+            reads.retain(|r| select(&r.claim));
+            if reads.is_empty() {
+                return Ok(sorted(released));
+            }
+            let (done, changed) = self.release_reads(reads).await?;
+            released.extend(done);
+            if changed.is_empty() {
+                return Ok(sorted(released));
+            }
+            reads = self
+                .read_claims(&changed)
+                .await?
+                .into_iter()
+                .flatten()
+                .collect();
+        }
+        Err(StoreError::Unavailable(
+            "claims kept changing while being released; retry".into(),
+        ))
+    }
+
+    pub(super) async fn release_attachment(
+        &self,
+        attachment: allot_core::store::Attachment,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let reads = self
+            .index_reads(&self.keys.by_attachment(&attachment))
+            .await?;
+        self.release_where(reads, |c| c.attachment.as_ref() == Some(&attachment))
+            .await
+    }
+
+    pub(super) async fn release(
+        &self,
+        address: IpAddr,
+        attachment: Option<allot_core::store::Attachment>,
+    ) -> Result<bool, StoreError> {
+        let reads: Vec<Read> = self
+            .read_claims(&[address])
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        let released = self
+            .release_where(reads, |c| c.attachment == attachment)
+            .await?;
+        Ok(!released.is_empty())
+    }
+
+    pub(super) async fn release_unchanged(
+        &self,
+        claims: Vec<Claim>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let wanted: BTreeMap<IpAddr, Claim> = claims.into_iter().map(|c| (c.address, c)).collect();
+        let addresses: Vec<IpAddr> = wanted.keys().copied().collect();
+        let reads = self
+            .read_claims(&addresses)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        self.release_where(reads, |stored| {
+            wanted
+                .get(&stored.address)
+                .is_some_and(|read| unchanged(stored, read))
+        })
+        .await
+    }
+
+    pub(super) async fn detach(
+        &self,
+        attachment: allot_core::store::Attachment,
+        now: u64,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let mut reads = self
+            .index_reads(&self.keys.by_attachment(&attachment))
+            .await?;
+        let mut detached = Vec::new();
+        for _ in 0..ATTEMPTS {
+            reads.retain(|r| r.claim.attachment.as_ref() == Some(&attachment));
+            if reads.is_empty() {
+                return Ok(sorted(detached));
+            }
+            let mut changed = Vec::new();
+            for chunk in reads.chunks(RELEASE_CHUNK) {
+                let mut compares = Vec::new();
+                let mut ops = Vec::new();
+                let mut out = Vec::new();
+                for r in chunk {
+                    let key = self.keys.claim(r.claim.address);
+                    compares.push(Compare::mod_revision(
+                        key.clone(),
+                        CompareOp::Equal,
+                        r.mod_revision,
+                    ));
+                    self.index_deletes(&r.claim, &mut ops);
+                    let mut c = r.claim.clone();
+                    c.attachment = None;
+                    c.updated_at = now;
+                    ops.push(TxnOp::put(key, keys::encode(&c), None));
+                    self.index_puts(&c, &mut ops);
+                    out.push(c);
+                }
+                if self
+                    .txn(Txn::new().when(compares).and_then(ops))
+                    .await?
+                    .succeeded()
+                {
+                    detached.extend(out);
+                } else {
+                    changed.extend(chunk.iter().map(|r| r.claim.address));
+                }
+            }
+            if changed.is_empty() {
+                return Ok(sorted(detached));
+            }
+            reads = self
+                .read_claims(&changed)
+                .await?
+                .into_iter()
+                .flatten()
+                .collect();
+        }
+        Err(StoreError::Unavailable(
+            "claims kept changing while being detached; retry".into(),
+        ))
+    }
+
+    /// Every key under `prefix` at one revision (`None`: the current one), page by page.
+    /// Returns the revision read at.
+    pub(super) async fn list(
+        &self,
+        prefix: &str,
+        at: Option<i64>,
+    ) -> Result<(i64, Vec<KeyValue>), StoreError> {
+        let end = range_end(prefix);
+        let mut from = prefix.as_bytes().to_vec();
+        let mut revision = at;
+        let mut out = Vec::new();
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            if let Some(r) = revision {
+                options = options.with_revision(r);
+            }
+            let mut resp = self
+                .kv()
+                .get(from.clone(), Some(options))
+                .await
+                .map_err(|e| self.err(e))?;
+            let at = resp.header().map(|h| h.revision()).unwrap_or_default();
+            let revision = *revision.get_or_insert(at);
+            let more = resp.more();
+            let kvs = resp.take_kvs();
+            if let Some(last) = kvs.last() {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            out.extend(kvs);
+            if !more {
+                return Ok((revision, out));
+            }
+        }
+    }
+
+    /// Every claim, at one revision.
+    pub(super) async fn all_claims(
+        &self,
+        at: Option<i64>,
+    ) -> Result<(i64, Vec<Claim>), StoreError> {
+        let (revision, kvs) = self.list(&self.keys.claims(), at).await?;
+        let claims = kvs
+            .iter()
+            .map(|kv| self.decode(kv).map(|r| r.claim))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((revision, sorted(claims)))
+    }
+
+    pub(super) async fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError> {
+        let (revision, claims) = self.all_claims(None).await?;
+        let (_, released) = self.list(&self.keys.released(), Some(revision)).await?;
+        let (_, cursors) = self.list(&self.keys.cursors(), Some(revision)).await?;
+        let released = released
+            .iter()
+            .filter_map(|kv| {
+                let at: u64 = std::str::from_utf8(kv.value()).ok()?.parse().ok()?;
+                Some((Keys::address_of(kv.key())?, at))
+            })
+            .filter(|(_, at)| *at >= released_since)
+            .collect();
+        let cursors = cursors
+            .iter()
+            .filter_map(|kv| {
+                let address = std::str::from_utf8(kv.value()).ok()?.parse().ok()?;
+                Some((Keys::name_of(kv.key())?, address))
+            })
+            .collect();
+        Ok(Snapshot {
+            revision: super::feed::end_of(revision as u64),
+            claims,
+            released,
+            cursors,
+        })
+    }
+}
