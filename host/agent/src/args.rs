@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::engine::{Engine, EngineConfig};
+use allot_core::store::Store;
 use allot_core::store::system_clock;
 use allot_policy::{
     ClusterHandle, Limits, OnFailure, PolicyEngine, PolicyRegistry, PolicySource, PrecompiledCache,
 };
-use allot_store::SqliteStore;
+use allot_store::{OpenedStore, StoreArgs};
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
 
@@ -34,9 +35,12 @@ pub struct Args {
     /// The unix socket the plugin talks to.
     #[arg(long, value_name = "PATH", default_value = allot_api::DEFAULT_SOCKET)]
     socket: PathBuf,
-    /// The claim store (a SQLite file; inspect it with sqlite3).
+    /// The embedded claim store, a SQLite file (inspect it with sqlite3), used unless --store
+    /// names another.
     #[arg(long, value_name = "FILE", default_value = "/var/lib/allot/allot.db")]
     state: PathBuf,
+    #[command(flatten)]
+    store: StoreArgs,
     /// This node's name, as pools' nodeName and nodeAffinity see it (default: the hostname).
     #[arg(long)]
     node_name: Option<String>,
@@ -93,7 +97,7 @@ enum FailureMode {
     Fallback,
 }
 
-pub type AgentEngine = Engine<Arc<SqliteStore>, ClusterHandle>;
+pub type AgentEngine = Engine<Arc<dyn Store>, ClusterHandle>;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let Some(dir) = args.standalone.clone() else {
@@ -112,7 +116,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => hostname(),
     };
 
-    let store = Arc::new(SqliteStore::open(&args.state).map_err(|e| anyhow::anyhow!("{e}"))?);
+    let opened = args
+        .store
+        .open(&args.state)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    tracing::info!(store = %opened.describe(), "claims are kept in this store");
+    let store = opened.shared();
     let limits = Limits {
         memory_bytes: args.policy_memory_mib << 20,
         deadline: Duration::from_millis(args.policy_deadline_ms),
@@ -160,6 +169,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         metrics,
         node_name,
         config: Default::default(),
+        journal: args.journal.clone(),
     });
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -173,6 +183,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || inventory::reload(&first, &first_dir))
             .await
             .context("loading the pools")?;
+        if let OpenedStore::Etcd(etcd) = &opened {
+            follow_watch(shared.clone(), etcd.clone());
+        }
         let ticker = tokio::spawn(inventory::run(
             shared.clone(),
             dir,
@@ -183,6 +196,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ticker.abort();
         served
     })
+}
+
+/// Applies other nodes' claims and releases as soon as the store's watch reports them, rather
+/// than at the next tick (which still follows the feed, and resyncs, as the safety net).
+fn follow_watch(shared: Arc<Shared>, etcd: Arc<allot_store::EtcdStore>) {
+    let spawned = std::thread::Builder::new()
+        .name("allot-follow".into())
+        .spawn(move || {
+            loop {
+                let seen = shared.engine.revision();
+                if !shared.engine.is_loaded() || !etcd.wait_for_change(seen, Duration::from_secs(5))
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                if let Err(e) = shared.engine.sync() {
+                    tracing::debug!("following the store's watch: {e}");
+                }
+                if shared.engine.revision() == seen {
+                    // Nothing applied (the store is unreachable): do not spin.
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start following the store's watch ({e}); the periodic tick will");
+    }
 }
 
 fn hostname() -> String {

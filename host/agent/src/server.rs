@@ -30,6 +30,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub node_name: String,
     pub config: SharedConfig,
+    /// The DEL journal (the plugin's, `--journal`): DELs the store cannot take now wait there.
+    pub journal: std::path::PathBuf,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -206,7 +208,14 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
                         owner_replicas: r.owner_replicas,
                         issued_at: r.issued_at,
                     };
-                    let touched = s.engine.del_request(&request)?;
+                    let touched = match s.engine.del_request(&request) {
+                        Err(AllocError::Store(StoreError::Unavailable(why))) => {
+                            // The pod must be able to go away: remember the DEL and replay it
+                            // when the store is back, as the plugin does when we are down.
+                            return remember_del(s, r, &why);
+                        }
+                        other => other?,
+                    };
                     let released: Vec<_> = touched.iter().filter(|c| c.attachment.is_some()).collect();
                     s.metrics.releases.inc_by(released.len() as u64);
                     if r.issued_at.is_some() {
@@ -340,6 +349,33 @@ async fn blocking(
             "",
         ),
     }
+}
+
+/// Writes a DEL the store could not take into the journal, and answers success; when even that
+/// fails, the DEL fails with try-again-later and the runtime retries it.
+fn remember_del(s: &Shared, r: api::DelRequest, why: &str) -> Result<Reply, AllocError> {
+    let entry = api::DelRequest {
+        issued_at: Some(r.issued_at.unwrap_or_else(unix_now)),
+        ..r
+    };
+    match api::journal::record(&s.journal, &entry) {
+        Ok(path) => {
+            s.metrics.error("del-journaled");
+            tracing::warn!(container = %format!("{}/{}", entry.attachment.container_id, entry.attachment.if_name), journal = %path.display(), "the store is unavailable ({why}); the DEL is remembered and will be replayed");
+            Ok(json(StatusCode::OK, &serde_json::json!({})))
+        }
+        Err(e) => Err(AllocError::Store(StoreError::Unavailable(format!(
+            "{why}; and the DEL cannot be remembered in {}: {e}",
+            s.journal.display()
+        )))),
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn classify(e: &AllocError) -> (StatusCode, u32, &'static str) {

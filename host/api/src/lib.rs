@@ -15,6 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod journal;
+
 pub const ADD: &str = "/v1/add";
 pub const DEL: &str = "/v1/del";
 pub const CHECK: &str = "/v1/check";

@@ -286,6 +286,11 @@ impl<S: Store, P: Policy> Engine<S, P> {
         self.state().loaded
     }
 
+    /// The store revision the indexes reflect (0 before the first install).
+    pub fn revision(&self) -> u64 {
+        self.state().revision
+    }
+
     fn policy_request(&self, req: &AddRequest, free_counts: Vec<u64>) -> Request {
         Request {
             pod: req.pod.clone(),

@@ -53,6 +53,9 @@ pub use keys::Keys;
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "/allot";
 
+/// Budget of one request: an unreachable etcd fails a call quickly, so that the runtime retries.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Claims released per transaction when many are released at once.
 pub const RELEASE_CHUNK: usize = 20;
 
@@ -102,7 +105,7 @@ impl EtcdConfig {
             ca: None,
             cert: None,
             key: None,
-            timeout: Duration::from_secs(10),
+            timeout: Duration::from_secs(8),
         })
     }
 
@@ -193,7 +196,8 @@ impl EtcdStore {
             .map_err(|e| StoreError::Backend(format!("cannot start the etcd client: {e}")))?;
         let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(config.timeout)
+            // One request; a call (several requests) has `config.timeout`.
+            .with_timeout(REQUEST_TIMEOUT.min(config.timeout))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         if let Some(tls) = tls {
             options = options.with_tls(tls);

@@ -11,7 +11,9 @@
 
 pub mod contract;
 pub mod etcd;
+mod open;
 pub mod sqlite;
 
 pub use etcd::{EtcdConfig, EtcdStore};
+pub use open::{OpenedStore, StoreArgs};
 pub use sqlite::SqliteStore;

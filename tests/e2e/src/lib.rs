@@ -432,12 +432,14 @@ impl Agent {
         agent
     }
 
-    /// A second agent on the same pools directory and the same state file as `other` (its own
-    /// socket and journal): two agents sharing one store.
+    /// A second agent on the same pools directory, the same state file and the same flags as
+    /// `other` (its own socket and journal): two agents sharing one store.
     pub fn start_sharing(other: &Agent) -> Agent {
         let mut agent = Self::unstarted(&[]);
         agent.pools_dir = other.pools_dir();
         agent.state = Some(other.state());
+        // Same flags too: `--store etcd://…` shares the etcd store.
+        agent.overrides = other.overrides.clone();
         agent.spawn();
         agent.wait_ready();
         agent

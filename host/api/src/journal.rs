@@ -8,7 +8,7 @@ use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use allot_api::DelRequest;
+use crate::DelRequest;
 
 /// The file remembering the DEL of this attachment. Container IDs and interface names are
 /// validated before (no `/`, not `.` or `..`), so the name stays inside `dir`.
@@ -49,7 +49,7 @@ pub fn record(dir: &Path, request: &DelRequest) -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allot_api::AttachmentId;
+    use crate::AttachmentId;
 
     #[test]
     fn entries_are_written_whole_and_replaced() {

@@ -1,0 +1,160 @@
+//! Agents on several "nodes" sharing claims through a real etcd (Debian's etcd-server, started
+//! by the test on loopback ports of its own): each address handed out once, other agents' claims
+//! followed by the watch rather than the tick, and an etcd outage that fails ADDs with
+//! try-again-later, remembers DELs, and heals by itself.
+
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use allot_e2e::*;
+use allot_store::etcd::testing::EtcdServer;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+#[track_caller]
+fn eventually(lab: &Lab, what: &str, mut holds: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !holds() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not after {WAIT:?}; agent log:\n{}",
+            lab.agent.log()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The claim keys in etcd, read with etcdctl: what is stored, not what allot says.
+fn claim_keys(etcd: &EtcdServer) -> Vec<String> {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.endpoint()])
+        .args(["get", "--prefix", "/allot/claims/", "--keys-only"])
+        .output()
+        .expect("etcdctl (Debian's etcd-client)");
+    assert!(out.status.success(), "etcdctl: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.trim_start_matches("/allot/claims/").to_string())
+        .collect()
+}
+
+fn ip_only(cidr: &str) -> String {
+    cidr.split('/').next().unwrap().to_string()
+}
+
+#[test]
+fn agents_on_one_etcd_hand_out_each_address_once_and_follow_each_other_by_watch() {
+    let etcd = EtcdServer::start();
+    let url = etcd.url();
+    // A tick far longer than the test: only the watch can tell one agent of the other's claims.
+    let flags = [
+        ("--store", url.as_str()),
+        ("--reload-interval-ms", "60000"),
+        ("--resync-seconds", "3600"),
+    ];
+    let pool = ippool(
+        "six",
+        "10.64.0.0/24",
+        Some("10.64.0.1"),
+        &["10.64.0.10-10.64.0.15"],
+    );
+    let Some(lab) = Lab::with_flags(
+        "agents_on_one_etcd_hand_out_each_address_once_and_follow_each_other_by_watch",
+        &pool,
+        &flags,
+    ) else {
+        return;
+    };
+    let other = Agent::start_sharing(&lab.agent);
+    let conf = lab.bridge_conf(&["six"], &[]);
+    let other_conf = bridge_conf(
+        "1.0.0",
+        &lab.network,
+        &lab.bridge,
+        allot_ipam(&other.socket(), &["six"], &[]),
+    );
+
+    let mut seen = std::collections::BTreeSet::new();
+    for name in ["a1", "a2", "a3"] {
+        seen.insert(lab.bridge_add(&Attachment::new(name), &conf).ip());
+    }
+    let added = Instant::now();
+    eventually(&lab, "the other agent sees 3 free", || {
+        other.pool_counts("six") == (6, 3)
+    });
+    eprintln!(
+        "the other agent followed 3 claims in {:?} (its tick is 60 s)",
+        added.elapsed()
+    );
+    for name in ["b1", "b2", "b3"] {
+        seen.insert(lab.bridge_add(&Attachment::new(name), &other_conf).ip());
+    }
+    assert_eq!(seen.len(), 6, "six distinct addresses: {seen:?}");
+    lab.cni("allot", "ADD", &Attachment::new("b4"), &other_conf)
+        .expect_err(&[100]);
+    eventually(&lab, "the first agent sees the pool exhausted", || {
+        lab.agent.pool_counts("six") == (6, 0)
+    });
+    let mut stored = claim_keys(&etcd);
+    stored.sort();
+    let mut handed: Vec<String> = seen.iter().map(|c| ip_only(c)).collect();
+    handed.sort();
+    assert_eq!(
+        stored, handed,
+        "etcd holds exactly the addresses handed out"
+    );
+}
+
+#[test]
+fn while_etcd_is_down_add_fails_with_try_again_and_del_is_remembered() {
+    let mut etcd = EtcdServer::start();
+    let url = etcd.url();
+    let pool = ippool(
+        "p",
+        "10.65.0.0/24",
+        Some("10.65.0.1"),
+        &["10.65.0.10-10.65.0.19"],
+    );
+    let Some(lab) = Lab::with_flags(
+        "while_etcd_is_down_add_fails_with_try_again_and_del_is_remembered",
+        &pool,
+        &[("--store", url.as_str())],
+    ) else {
+        return;
+    };
+    let conf = lab.bridge_conf(&["p"], &[]);
+    let first = Attachment::new("first");
+    let first_ip = ip_only(&lab.cni("allot", "ADD", &first, &conf).expect_ok().ip());
+    assert_eq!(claim_keys(&etcd), [first_ip]);
+
+    etcd.stop();
+    let down = lab.cni("allot", "ADD", &Attachment::new("second"), &conf);
+    down.expect_err(&[11]);
+    assert!(
+        down.msg().contains("etcd"),
+        "the error names the store: {down}"
+    );
+    // The pod must be able to go away while etcd is down.
+    lab.cni("allot", "DEL", &first, &conf).expect_ok();
+    assert!(
+        std::fs::read_dir(lab.agent.journal())
+            .map(|d| d.count())
+            .unwrap_or(0)
+            >= 1,
+        "the DEL is remembered in the journal"
+    );
+
+    etcd.start_again();
+    eventually(&lab, "the remembered DEL is replayed", || {
+        claim_keys(&etcd).is_empty()
+    });
+    // Service resumes by itself: no restart, no operator.
+    let again = Attachment::new("again");
+    eventually(&lab, "ADD succeeds again", || {
+        lab.cni("allot", "ADD", &again, &conf).success()
+    });
+    assert_eq!(claim_keys(&etcd).len(), 1);
+}
