@@ -29,7 +29,8 @@ pub const STANDALONE_CLUSTER: &str = "standalone";
 )]
 pub struct Args {
     /// Serve pools, subnets and reserved addresses from the YAML files of this directory
-    /// (reloaded when they change), without Kubernetes.
+    /// (reloaded when they change), without Kubernetes. Without it, `--store etcd://…` serves
+    /// the pools kept in etcd (`allotctl pool apply`).
     #[arg(long, value_name = "DIR")]
     standalone: Option<PathBuf>,
     /// The unix socket the plugin talks to.
@@ -100,12 +101,9 @@ enum FailureMode {
 pub type AgentEngine = Engine<Arc<dyn Store>, ClusterHandle>;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let Some(dir) = args.standalone.clone() else {
-        bail!(
-            "cluster mode is not available yet: run with --standalone DIR (pools from YAML files)"
-        );
-    };
-    if !dir.is_dir() {
+    if let Some(dir) = &args.standalone
+        && !dir.is_dir()
+    {
         bail!(
             "--standalone {}: not a directory of pool YAML files",
             dir.display()
@@ -122,6 +120,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!(store = %opened.describe(), "claims are kept in this store");
     let store = opened.shared();
+    let source = match (&args.standalone, &opened) {
+        (Some(dir), _) => inventory::Source::Dir(dir.clone()),
+        (None, OpenedStore::Etcd(etcd)) => inventory::Source::Etcd(etcd.clone()),
+        (None, OpenedStore::Sqlite(_)) => bail!(
+            "no pools to serve: run with --standalone DIR (pools from YAML files), or with \
+             --store etcd://HOST:PORT to read the pools `allotctl pool apply` wrote to etcd \
+             (cluster mode is not available yet)"
+        ),
+    };
     let limits = Limits {
         memory_bytes: args.policy_memory_mib << 20,
         deadline: Duration::from_millis(args.policy_deadline_ms),
@@ -179,8 +186,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let first = shared.clone();
-        let first_dir = dir.clone();
-        tokio::task::spawn_blocking(move || inventory::reload(&first, &first_dir))
+        let first_source = source.clone();
+        tokio::task::spawn_blocking(move || inventory::reload(&first, &first_source))
             .await
             .context("loading the pools")?;
         if let OpenedStore::Etcd(etcd) = &opened {
@@ -188,7 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         let ticker = tokio::spawn(inventory::run(
             shared.clone(),
-            dir,
+            source,
             args.journal.clone(),
             Duration::from_millis(args.reload_interval_ms.max(100)),
         ));

@@ -2,7 +2,7 @@
 //! it held back and why, and the periodic work that keeps it (and the engine's index) current.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -65,16 +65,54 @@ impl ConfigState {
 
 pub type SharedConfig = Mutex<ConfigState>;
 
+/// Where pools, subnets and reserved addresses come from.
+#[derive(Clone)]
+pub enum Source {
+    /// The YAML files of a directory (`--standalone`).
+    Dir(PathBuf),
+    /// The `PREFIX/config/` keys of etcd (`--store etcd://…` without `--standalone`), written by
+    /// `allotctl pool apply`.
+    Etcd(Arc<allot_store::EtcdStore>),
+}
+
+impl Source {
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Dir(dir) => dir.display().to_string(),
+            Source::Etcd(etcd) => format!("{etcd:?} config keys"),
+        }
+    }
+
+    /// Changes whenever what [`Source::load`] would read changes (`None`: unreadable now).
+    pub fn fingerprint(&self) -> Option<u64> {
+        match self {
+            Source::Dir(dir) => standalone::fingerprint(dir).ok(),
+            Source::Etcd(etcd) => etcd.load_config().ok().map(|(f, _)| f),
+        }
+    }
+
+    pub fn load(&self) -> Result<allot_core::config::Observation, String> {
+        match self {
+            Source::Dir(dir) => {
+                standalone::load(dir).map_err(|e| format!("reading {}: {e}", dir.display()))
+            }
+            Source::Etcd(etcd) => etcd
+                .load_config()
+                .map(|(_, o)| o)
+                .map_err(|e| format!("reading pools from etcd: {e}")),
+        }
+    }
+}
+
 fn lock(config: &SharedConfig) -> std::sync::MutexGuard<'_, ConfigState> {
     config.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Reads the directory, decides what is in force (never more allocatable addresses than before
 /// because of an invalid object), and installs it. Blocking: call off the async threads.
-pub fn reload(shared: &Shared, dir: &Path) {
+pub fn reload(shared: &Shared, source: &Source) {
     let result = (|| -> Result<(), String> {
-        let observation =
-            standalone::load(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let observation = source.load()?;
         let previous = lock(&shared.config).in_force.clone();
         let serving = serving_pools(shared)?;
         let reconciled = reconcile(&previous, &observation, &|name| serving.contains(name));
@@ -136,8 +174,8 @@ fn serving_pools(shared: &Shared) -> Result<BTreeSet<String>, String> {
 /// The agent's periodic work, one blocking call per tick: reload when the files changed or the
 /// configuration is degraded, follow the store's change feed, replay the plugin's DEL journal,
 /// release kept StatefulSet addresses past their keep time.
-pub async fn run(shared: Arc<Shared>, dir: PathBuf, journal: PathBuf, every: Duration) {
-    let mut last = standalone::fingerprint(&dir).ok();
+pub async fn run(shared: Arc<Shared>, source: Source, journal: PathBuf, every: Duration) {
+    let mut last = source.fingerprint();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let expire_every = Duration::from_secs(60);
@@ -145,7 +183,7 @@ pub async fn run(shared: Arc<Shared>, dir: PathBuf, journal: PathBuf, every: Dur
     loop {
         tick.tick().await;
         let s = shared.clone();
-        let dir = dir.clone();
+        let source = source.clone();
         let journal = journal.clone();
         let expire = last_expiry.elapsed() >= expire_every;
         if expire {
@@ -153,13 +191,13 @@ pub async fn run(shared: Arc<Shared>, dir: PathBuf, journal: PathBuf, every: Dur
         }
         let fingerprint = last;
         let work = tokio::task::spawn_blocking(move || {
-            let now = standalone::fingerprint(&dir).ok();
+            let now = source.fingerprint();
             let degraded = lock(&s.config).degraded();
             if now != fingerprint || degraded {
                 if now != fingerprint {
-                    tracing::info!(dir = %dir.display(), "pool files changed; reloading");
+                    tracing::info!(source = %source.describe(), "pools changed; reloading");
                 }
-                reload(&s, &dir);
+                reload(&s, &source);
             }
             if let Err(e) = s.engine.tick() {
                 tracing::warn!("following the store's changes: {e}");

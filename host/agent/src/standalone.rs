@@ -1,30 +1,13 @@
 //! Standalone mode's inventory: IPPool, Subnet and ReservedIP objects from the YAML files of a
-//! directory, each checked on its own. What stays in force when some are invalid (the previous
+//! directory, each checked on its own ([`documents`]). What stays in force when some are invalid (the previous
 //! version, never more free addresses) is core's [`reconcile`](allot_core::config::reconcile).
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
-use allot_core::config::{Invalid, Object, ObjectKind, Observation, Observed};
-use allot_core::spec::{IpPoolSpec, ObjectMeta, ReservedIpSpec, SubnetSpec};
-use allot_core::{Pool, Reserved, Subnet};
-use serde::Deserialize;
-
-pub const API_VERSION: &str = "allot.dev/v1alpha1";
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Header {
-    api_version: String,
-    kind: String,
-    metadata: ObjectMeta,
-    spec: serde_yaml::Value,
-    /// Status is derived by allot; a copy in the files is ignored.
-    #[serde(default)]
-    #[allow(dead_code)]
-    status: serde_yaml::Value,
-}
+use allot_core::config::Observation;
+use allot_core::documents;
 
 /// The YAML files of `dir`, sorted.
 fn files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
@@ -55,127 +38,14 @@ pub fn load(dir: &Path) -> std::io::Result<Observation> {
     let mut out = Observation::default();
     for file in files(dir)? {
         let source = file.display().to_string();
-        let text = match std::fs::read_to_string(&file) {
-            Ok(t) => t,
+        match std::fs::read_to_string(&file) {
+            Ok(text) => documents::observe_text(&text, &source, &mut out),
             Err(e) => {
                 out.incomplete.insert(source, format!("cannot read: {e}"));
-                continue;
-            }
-        };
-        // serde_yaml's document iterator yields errors forever after a syntax error: stop at
-        // the first document that fails to parse.
-        for (n, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-            let at = format!("{source}#{}", n + 1);
-            let value = match serde_yaml::Value::deserialize(doc) {
-                Ok(serde_yaml::Value::Null) => continue,
-                Ok(v) => v,
-                Err(e) => {
-                    out.incomplete
-                        .insert(source.clone(), format!("{at}: not YAML: {e}"));
-                    break;
-                }
-            };
-            match observe(value, &source, &at) {
-                Ok(observed) => out.objects.push(observed),
-                Err(why) => {
-                    out.incomplete.entry(source.clone()).or_insert(why);
-                }
             }
         }
     }
     Ok(out)
-}
-
-/// One document as an observed object, or why it is not recognisably one.
-fn observe(value: serde_yaml::Value, source: &str, at: &str) -> Result<Observed, String> {
-    let header: Header = serde_yaml::from_value(value).map_err(|e| {
-        format!("{at}: not an allot object (apiVersion, kind, metadata, spec): {e}")
-    })?;
-    let kind = match header.kind.as_str() {
-        "IPPool" => ObjectKind::IpPool,
-        "Subnet" => ObjectKind::Subnet,
-        "ReservedIP" => ObjectKind::ReservedIp,
-        other => {
-            return Err(format!(
-                "{at}: kind {other} is not IPPool, Subnet or ReservedIP"
-            ));
-        }
-    };
-    let name = header.metadata.name.clone();
-    if name.is_empty() {
-        return Err(format!("{at}: {kind} without metadata.name"));
-    }
-    let object = if header.api_version != API_VERSION {
-        Err(Invalid {
-            error: format!("apiVersion {} is not {API_VERSION}", header.api_version),
-            salvaged: None,
-        })
-    } else {
-        check(kind, header.metadata, header.spec)
-    };
-    Ok(Observed {
-        kind,
-        name,
-        source: source.to_string(),
-        at: at.to_string(),
-        object,
-    })
-}
-
-fn check(kind: ObjectKind, meta: ObjectMeta, spec: serde_yaml::Value) -> Result<Object, Invalid> {
-    let name = meta.name.clone();
-    let invalid = |error: String| Invalid {
-        error,
-        salvaged: None,
-    };
-    match kind {
-        ObjectKind::IpPool => {
-            let spec: IpPoolSpec = serde_yaml::from_value(spec)
-                .map_err(|e| invalid(format!("IPPool {name}: spec: {e}")))?;
-            Pool::from_spec(meta, spec)
-                .map(|p| Object::Pool(Box::new(p)))
-                .map_err(|e| invalid(e.to_string()))
-        }
-        ObjectKind::Subnet => {
-            let spec: SubnetSpec = serde_yaml::from_value(spec)
-                .map_err(|e| invalid(format!("Subnet {name}: spec: {e}")))?;
-            Subnet::from_spec(meta, spec)
-                .map(Object::Subnet)
-                .map_err(|e| invalid(e.to_string()))
-        }
-        ObjectKind::ReservedIp => {
-            let lenient = lenient_reserved_spec(&spec);
-            let result = serde_yaml::from_value::<ReservedIpSpec>(spec)
-                .map_err(|e| format!("ReservedIP {name}: spec: {e}"))
-                .and_then(|spec| {
-                    Reserved::from_spec(meta.clone(), spec).map_err(|e| e.to_string())
-                });
-            result.map(Object::Reserved).map_err(|error| Invalid {
-                error,
-                // Whatever entries parse stay reserved: leaving them out would free them.
-                salvaged: Reserved::salvage(meta, &lenient).map(|(r, _)| Box::new(r)),
-            })
-        }
-    }
-}
-
-/// The parts of a ReservedIP spec that can be read even when the spec as a whole is invalid
-/// (an unknown field, a number among the `ips`).
-fn lenient_reserved_spec(spec: &serde_yaml::Value) -> ReservedIpSpec {
-    let ip_version = spec
-        .get("ipVersion")
-        .and_then(|v| v.as_u64())
-        .and_then(|v| u8::try_from(v).ok());
-    let ips = spec
-        .get("ips")
-        .and_then(|v| v.as_sequence())
-        .map(|seq| {
-            seq.iter()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    ReservedIpSpec { ip_version, ips }
 }
 
 #[cfg(test)]

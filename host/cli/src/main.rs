@@ -2,6 +2,7 @@
 
 mod harness;
 mod scenario;
+mod store_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,9 +18,11 @@ use clap::{Args, Parser, Subcommand};
 #[command(
     name = "allotctl",
     version,
-    about = "Work with allot: test, explain and benchmark pool-selection policies"
+    about = "Work with allot: claims and pools in the store; test, explain and benchmark pool-selection policies"
 )]
 struct Cli {
+    #[command(flatten)]
+    store: allot_store::StoreArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -29,6 +32,12 @@ enum Command {
     /// Pool-selection policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Claims in the store (`--store`, default the embedded /var/lib/allot/allot.db).
+    #[command(subcommand)]
+    Claims(store_cmd::ClaimsCommand),
+    /// Pools, subnets and reserved addresses kept in etcd (`--store etcd://…`).
+    #[command(subcommand)]
+    Pool(store_cmd::PoolCommand),
 }
 
 #[derive(Subcommand)]
@@ -135,6 +144,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             pools,
             iterations,
         }) => bench(&policy, pools, iterations),
+        Command::Claims(c) => store_cmd::claims_command(&cli.store, c),
+        Command::Pool(c) => store_cmd::pool_command(&cli.store, c),
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod addr;
 pub mod config;
+pub mod documents;
 pub mod engine;
 pub mod free;
 pub mod gc;

@@ -34,6 +34,7 @@
 //! claims, each claim still guarded on its own revision.
 
 mod claims;
+pub mod config;
 mod feed;
 pub mod keys;
 pub mod testing;

@@ -392,6 +392,9 @@ pub struct Agent {
     overrides: Vec<(String, String)>,
     /// Another agent's state file, to share one store.
     state: Option<PathBuf>,
+    /// Serve the pools directory (`--standalone`); without it the agent reads pools from its
+    /// `--store` (etcd).
+    standalone: bool,
 }
 
 /// The lab's agent flags: no cooldown and no GC grace period, so tests see releases at once
@@ -460,7 +463,18 @@ impl Agent {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             state: None,
+            standalone: true,
         }
+    }
+
+    /// An agent serving the pools kept in etcd (`--store URL`, no `--standalone`), once they
+    /// are there.
+    pub fn start_on_etcd_pools(url: &str) -> Agent {
+        let mut agent = Self::unstarted(&[("--store", url)]);
+        agent.standalone = false;
+        agent.spawn();
+        agent.wait_ready();
+        agent
     }
 
     /// The flags the agent runs with beyond directory, socket, state and journal.
@@ -529,9 +543,10 @@ impl Agent {
         self.starts += 1;
         writeln!(&log, "=== e2e: start #{} ===", self.starts).unwrap();
         let mut command = Command::new(bin("allot-agent"));
+        if self.standalone {
+            command.arg("--standalone").arg(self.pools_dir());
+        }
         command
-            .arg("--standalone")
-            .arg(self.pools_dir())
             .arg("--socket")
             .arg(self.socket())
             .arg("--state")
@@ -1169,6 +1184,11 @@ impl Lab {
     /// Like [`Lab::new`], with the agent on an existing pools directory.
     pub fn on_pools_dir(test: &str, pools_dir: &Path) -> Option<Lab> {
         Self::with_agent(test, || Agent::start_on(pools_dir))
+    }
+
+    /// Like [`Lab::new`], with the agent serving the pools kept in the etcd at `url`.
+    pub fn on_etcd_pools(test: &str, url: &str) -> Option<Lab> {
+        Self::with_agent(test, || Agent::start_on_etcd_pools(url))
     }
 
     fn with_agent(test: &str, start: impl FnOnce() -> Agent) -> Option<Lab> {

@@ -158,3 +158,90 @@ fn while_etcd_is_down_add_fails_with_try_again_and_del_is_remembered() {
     });
     assert_eq!(claim_keys(&etcd).len(), 1);
 }
+
+fn allotctl(url: &str, args: &[&str]) -> std::process::Output {
+    Command::new(bin("allotctl"))
+        .args(["--store", url])
+        .args(args)
+        .output()
+        .expect("allotctl")
+}
+
+#[test]
+fn pools_applied_to_etcd_are_served_and_an_edit_that_would_orphan_a_claim_is_refused() {
+    if skip("pools_applied_to_etcd_are_served_and_an_edit_that_would_orphan_a_claim_is_refused") {
+        return;
+    }
+    let etcd = EtcdServer::start();
+    let url = etcd.url();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pools.yaml");
+    let file_arg = file.to_str().unwrap();
+    let write = |ips: &str| {
+        std::fs::write(
+            &file,
+            ippool("p", "10.66.0.0/24", Some("10.66.0.1"), &[ips]),
+        )
+        .unwrap()
+    };
+    write("10.66.0.10-10.66.0.19");
+    let out = allotctl(&url, &["pool", "apply", "-f", file_arg]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("IPPool p applied"));
+
+    let Some(lab) = Lab::on_etcd_pools(
+        "pools_applied_to_etcd_are_served_and_an_edit_that_would_orphan_a_claim_is_refused",
+        &url,
+    ) else {
+        return;
+    };
+    let conf = lab.bridge_conf(&["p"], &[]);
+    let first = ip_only(
+        &lab.cni("allot", "ADD", &Attachment::new("a"), &conf)
+            .expect_ok()
+            .ip(),
+    );
+    assert!(in_range(first.parse().unwrap(), "10.66.0.10", "10.66.0.19"));
+
+    // Shrinking the pool past the claimed address is refused, and nothing is written.
+    write("10.66.0.200-10.66.0.209");
+    let out = allotctl(&url, &["pool", "apply", "-f", file_arg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("would no longer hold claimed address(es) {first}"))
+            && stderr.contains("nothing was written"),
+        "{stderr}"
+    );
+    // So is an invalid pool.
+    write("10.66.1.5");
+    let out = allotctl(&url, &["pool", "apply", "-f", file_arg]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stored = allotctl(&url, &["pool", "get", "p"]);
+    assert!(
+        String::from_utf8_lossy(&stored.stdout).contains("10.66.0.10-10.66.0.19"),
+        "{stored:?}"
+    );
+
+    // Growing it is accepted, and the agent serves the new version.
+    write("10.66.0.10-10.66.0.29");
+    let out = allotctl(&url, &["pool", "apply", "-f", file_arg]);
+    assert!(out.status.success(), "{out:?}");
+    eventually(&lab, "the agent serves the grown pool", || {
+        lab.agent.pool_counts("p").0 == 20
+    });
+    let listed = allotctl(&url, &["claims", "list"]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains(&first) && listed.contains(" p "),
+        "{listed}"
+    );
+    let pools = allotctl(&url, &["pool", "list"]);
+    let pools = String::from_utf8_lossy(&pools.stdout);
+    assert!(
+        pools
+            .lines()
+            .any(|l| l.starts_with("p ") && l.contains(" 1 ") && l.contains(" 20 ")),
+        "{pools}"
+    );
+}

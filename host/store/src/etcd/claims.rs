@@ -47,11 +47,11 @@ fn sorted(mut claims: Vec<Claim>) -> Vec<Claim> {
 }
 
 impl Inner {
-    fn kv(&self) -> KvClient {
+    pub(super) fn kv(&self) -> KvClient {
         self.client.kv_client()
     }
 
-    fn err(&self, e: etcd_client::Error) -> StoreError {
+    pub(super) fn err(&self, e: etcd_client::Error) -> StoreError {
         etcd_error(&self.endpoints, e)
     }
 

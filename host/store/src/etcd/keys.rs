@@ -106,7 +106,7 @@ pub fn range_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
-fn segment(s: &str) -> String {
+pub(super) fn segment(s: &str) -> String {
     s.replace('%', "%25").replace('/', "%2F")
 }
 
