@@ -41,8 +41,6 @@ pub(super) struct Feed {
     advanced: Condvar,
     /// The watch's progress, for asynchronous waiters.
     progress: tokio::sync::watch::Sender<u64>,
-    /// A reader wants the watch to confirm its progress now.
-    wanted: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -142,18 +140,13 @@ impl Inner {
             // A revision from another history (another etcd, a restored backup): start over.
             return Ok(Changes::Compacted);
         }
+        let behind = self.feed.lock().progress;
+        if behind < now && self.quiet_between(behind >> 16, now >> 16).await? {
+            // No claim changed after what the watch saw: other keys moved the revision.
+            self.feed.record(Vec::new(), now);
+        }
         let mut progress = self.feed.progress.subscribe();
-        let caught_up = tokio::time::timeout(CATCH_UP, async {
-            loop {
-                if *progress.borrow_and_update() >= now {
-                    return;
-                }
-                // The watch reports progress by itself only with changes of claims; ask.
-                self.feed.wanted.notify_one();
-                let _ = tokio::time::timeout(Duration::from_millis(100), progress.changed()).await;
-            }
-        })
-        .await;
+        let caught_up = tokio::time::timeout(CATCH_UP, progress.wait_for(|p| *p >= now)).await;
         if caught_up.is_err() {
             tracing::debug!(
                 now,
@@ -180,6 +173,35 @@ impl Inner {
                 .collect(),
             revision: st.progress,
         })
+    }
+
+    /// Whether no claim changed in etcd revisions `(after, upto]`: no claim key was written
+    /// then, and no address was released (a release writes `released/ADDRESS` in the same
+    /// transaction, the only trace of a delete that a read can see). This confirms the watch's
+    /// progress without etcd's progress requests, which etcd before 3.4.26 may answer ahead of
+    /// events it has not sent yet.
+    async fn quiet_between(&self, after: u64, upto: u64) -> Result<bool, StoreError> {
+        for prefix in [self.keys.claims(), self.keys.released()] {
+            let resp = self
+                .client
+                .kv_client()
+                .get(
+                    prefix.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_range(range_end(&prefix))
+                            .with_min_mod_revision(after as i64 + 1)
+                            .with_revision(upto as i64)
+                            .with_count_only(),
+                    ),
+                )
+                .await
+                .map_err(|e| self.err_of(e))?;
+            if resp.count() > 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// What one watch response says about claims, at their positions (all events of one
@@ -277,23 +299,17 @@ async fn watch_once(inner: &Inner, backoff: &mut Backoff) -> Result<(), StoreErr
     let prefix = inner.keys.claims();
     let options = WatchOptions::new()
         .with_range(range_end(&prefix))
-        .with_start_revision((start >> 16) as i64 + 1)
-        .with_progress_notify();
+        .with_start_revision((start >> 16) as i64 + 1);
     let stream = inner
         .client
         .watch_client()
         .watch(prefix, Some(options))
         .await
         .map_err(|e| inner.err_of(e))?;
-    let (mut requests, mut responses) = stream.split();
+    // The request half stays alive: dropping it would end the watch.
+    let (_requests, mut responses) = stream.split();
     loop {
-        let resp = tokio::select! {
-            resp = responses.message() => resp.map_err(|e| inner.err_of(e))?,
-            () = inner.feed.wanted.notified() => {
-                requests.request_progress().await.map_err(|e| inner.err_of(e))?;
-                continue;
-            }
-        };
+        let resp = responses.message().await.map_err(|e| inner.err_of(e))?;
         let Some(resp) = resp else {
             return Err(StoreError::Unavailable("the watch stream ended".into()));
         };
@@ -319,13 +335,12 @@ async fn watch_once(inner: &Inner, backoff: &mut Backoff) -> Result<(), StoreErr
             backoff.reset();
             continue;
         }
+        // Progress comes from events only (see `quiet_between` for why not from etcd's
+        // progress notifications).
         let changes = inner.changes_of(&resp);
-        let progress = match changes.iter().map(|c| c.revision).max() {
-            Some(last) => last,
-            // No events: a progress notification, everything up to the header is delivered.
-            None => end_of(resp.header().map(|h| h.revision()).unwrap_or_default() as u64),
-        };
-        inner.feed.record(changes, progress);
+        if let Some(last) = changes.iter().map(|c| c.revision).max() {
+            inner.feed.record(changes, last);
+        }
     }
 }
 

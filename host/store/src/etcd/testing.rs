@@ -139,3 +139,139 @@ impl Drop for EtcdServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A TCP proxy on loopback in front of etcd, which a test can cut (every connection closed,
+/// new ones refused) and restore: a network partition between one client and etcd while
+/// others keep talking to it.
+pub struct CutProxy {
+    listen: SocketAddr,
+    state: std::sync::Arc<ProxyState>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    cut: std::sync::atomic::AtomicBool,
+    /// Bumped at each cut: connections of an older generation close themselves.
+    generation: std::sync::atomic::AtomicU64,
+    /// Forwarding threads running.
+    active: std::sync::atomic::AtomicUsize,
+}
+
+impl CutProxy {
+    pub fn start(target: SocketAddr) -> CutProxy {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy port");
+        let listen = listener.local_addr().expect("proxy address");
+        let state = std::sync::Arc::new(ProxyState::default());
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if shared.cut.load(Ordering::SeqCst) {
+                    continue; // dropped: the connection is refused
+                }
+                let Ok(server) = TcpStream::connect(target) else {
+                    continue;
+                };
+                let generation = shared.generation.load(Ordering::SeqCst);
+                for (from, to) in [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ] {
+                    let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                        continue;
+                    };
+                    let state = shared.clone();
+                    state.active.fetch_add(1, Ordering::SeqCst);
+                    std::thread::spawn(move || {
+                        let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            if state.generation.load(Ordering::SeqCst) != generation {
+                                break;
+                            }
+                            match from.read(&mut buf) {
+                                Ok(0) => break,
+                                Ok(n) => {
+                                    if to.write_all(&buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock
+                                            | std::io::ErrorKind::TimedOut
+                                    ) => {}
+                                Err(_) => break,
+                            }
+                        }
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        state.active.fetch_sub(1, Ordering::SeqCst);
+                    });
+                }
+            }
+        });
+        CutProxy { listen, state }
+    }
+
+    /// `etcd://…` through the proxy.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.listen)
+    }
+
+    /// Closes every connection and refuses new ones until [`CutProxy::restore`]; returns once
+    /// nothing more is forwarded.
+    pub fn cut(&self) {
+        use std::sync::atomic::Ordering;
+        self.state.cut.store(true, Ordering::SeqCst);
+        self.state.generation.fetch_add(1, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.state.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Closes every connection (mid-request, whatever was in flight) but accepts new ones.
+    pub fn reset(&self) {
+        self.state
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn restore(&self) {
+        self.state
+            .cut
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl EtcdServer {
+    /// The client address, for a [`CutProxy`].
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client
+    }
+
+    /// Compacts etcd's history up to its current revision (what `--auto-compaction` does), with
+    /// etcdctl.
+    pub fn compact(&self) {
+        let status = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint(), "get", "x", "-w", "json"])
+            .output()
+            .expect("etcdctl (Debian's etcd-client)");
+        let text = String::from_utf8_lossy(&status.stdout);
+        let revision: String = text
+            .split("\"revision\":")
+            .nth(1)
+            .map(|r| r.chars().take_while(char::is_ascii_digit).collect())
+            .expect("etcdctl reports the revision");
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint(), "compact", &revision])
+            .output()
+            .expect("etcdctl compact");
+        assert!(out.status.success(), "etcdctl compact: {out:?}");
+    }
+}
