@@ -36,6 +36,9 @@ pub struct Metrics {
     pub pool_addresses: Family<PoolLabel, Gauge>,
     pub config_problems: Family<StateLabel, Gauge>,
     pub degraded: Gauge,
+    lost_races: Counter,
+    /// Serialises scrapes (counters are advanced to the engine's totals while encoding).
+    encoding: std::sync::Mutex<()>,
 }
 
 impl Metrics {
@@ -48,6 +51,12 @@ impl Metrics {
         let pool_addresses = Family::<PoolLabel, Gauge>::default();
         let config_problems = Family::<StateLabel, Gauge>::default();
         let degraded = Gauge::default();
+        let lost_races = Counter::default();
+        registry.register(
+            "lost_races",
+            "Address races lost to another writer of the store (another agent); each was retried with another address",
+            lost_races.clone(),
+        );
         registry.register("allocations", "Addresses handed out", allocations.clone());
         registry.register("releases", "Addresses released", releases.clone());
         registry.register("errors", "Failed requests by reason", errors.clone());
@@ -83,6 +92,8 @@ impl Metrics {
             pool_addresses,
             config_problems,
             degraded,
+            lost_races,
+            encoding: Default::default(),
         }
     }
 
@@ -113,8 +124,14 @@ impl Metrics {
         self.degraded.set(i64::from(config.degraded()));
     }
 
-    /// Encodes the registry, with pool gauges set from `usage` first.
-    pub fn encode(&self, usage: &[PoolUsage]) -> String {
+    /// Encodes the registry, with pool gauges set from `usage` and the lost-races counter
+    /// advanced to the engine's total first.
+    pub fn encode(&self, usage: &[PoolUsage], lost_races: u64) -> String {
+        let _one_scrape = self.encoding.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = self.lost_races.get();
+        if lost_races > seen {
+            self.lost_races.inc_by(lost_races - seen);
+        }
         self.pool_addresses.clear();
         for u in usage {
             for (state, value) in [

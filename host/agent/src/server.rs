@@ -193,7 +193,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
         }
         (Method::GET, api::METRICS) => text(
             StatusCode::OK,
-            shared.metrics.encode(&shared.engine.usage()),
+            shared
+                .metrics
+                .encode(&shared.engine.usage(), shared.engine.lost_races()),
         ),
         (Method::GET, api::STATUS) => json(StatusCode::OK, &status(&shared)),
         (Method::POST, api::ADD) => match body::<api::AddRequest>(req).await {

@@ -235,6 +235,8 @@ pub struct Engine<S, P> {
     installed: Mutex<Installed>,
     suspects: Mutex<Suspects>,
     attachment_locks: Vec<Mutex<()>>,
+    /// Create-if-absent races lost to another writer of the store, since start.
+    lost_races: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -256,6 +258,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
             installed: Mutex::new(Installed::default()),
             suspects: Mutex::new(Suspects::new()),
             attachment_locks: (0..ATTACHMENT_STRIPES).map(|_| Mutex::new(())).collect(),
+            lost_races: Default::default(),
         }
     }
 
@@ -284,6 +287,12 @@ impl<S: Store, P: Policy> Engine<S, P> {
 
     pub fn is_loaded(&self) -> bool {
         self.state().loaded
+    }
+
+    /// Create-if-absent races lost to another writer since start (each retried with another
+    /// address).
+    pub fn lost_races(&self) -> u64 {
+        self.lost_races.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The store revision the indexes reflect (0 before the first install).
@@ -437,9 +446,12 @@ impl<S: Store, P: Policy> Engine<S, P> {
                     // or took back a kept one: keep it out, learn what else changed, try again.
                     for c in &claims {
                         state.untake(c.address, e == StoreError::Conflict(c.address));
+                        state.scatter(c.address, scatter_seed(&req.attachment, c.address, lost));
                     }
                     drop(state);
                     lost += 1;
+                    self.lost_races
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if lost >= CONFLICT_RETRIES {
                         return Err(AllocError::Contended(lost));
                     }
@@ -616,6 +628,15 @@ impl<S: Store, P: Policy> Engine<S, P> {
             claimed,
         }
     }
+}
+
+/// Where a pool's cursor jumps after a lost race: different for each attachment and attempt, so
+/// that agents racing in the same order spread out (a pure function: no random source).
+fn scatter_seed(attachment: &Attachment, address: IpAddr, attempt: usize) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (attachment, address, attempt).hash(&mut h);
+    h.finish()
 }
 
 fn load_to_alloc(e: LoadError) -> AllocError {

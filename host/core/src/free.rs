@@ -108,6 +108,19 @@ impl FreeIndex {
         }
     }
 
+    /// Moves the cursor to a place of the pool chosen by `seed`. After losing a race to another
+    /// writer of the store, an engine jumps elsewhere instead of following the other writers
+    /// address by address (they walk the same order and would win again).
+    pub fn scatter(&mut self, seed: u64) {
+        match &mut self.repr {
+            Repr::Bitmap(b) => b.cursor = (seed % b.len.max(1) as u64) as usize,
+            Repr::Ranges(r) => {
+                let size = r.span.1 - r.span.0;
+                r.cursor = r.span.0 + u128::from(seed) % size.saturating_add(1).max(1);
+            }
+        }
+    }
+
     /// The cursor, as the last address taken (for [`FreeIndex::resume_after`]), if any.
     pub fn last_taken(&self) -> Option<IpAddr> {
         let n = match &self.repr {
@@ -346,6 +359,27 @@ impl RangeIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scattering_moves_the_cursor_within_the_pool() {
+        for cidr in ["10.0.0.0/24", "fd00::/64"] {
+            let set = AddrSet::from_net(&cidr.parse().unwrap());
+            let mut index = FreeIndex::new(&set);
+            let first = index.take_next().unwrap();
+            let mut seen = std::collections::BTreeSet::new();
+            for seed in [3, 77, 200, u64::MAX] {
+                index.scatter(seed);
+                let taken = index.take_next().unwrap();
+                assert!(set.contains(taken), "{taken} in {cidr}");
+                seen.insert(taken);
+            }
+            assert!(
+                seen.len() >= 3,
+                "different seeds, different places: {seen:?}"
+            );
+            assert!(!seen.contains(&first));
+        }
+    }
 
     fn set(entries: &[&str]) -> AddrSet {
         AddrSet::parse_entries(IpFamily::V4, entries).unwrap()

@@ -254,6 +254,13 @@ impl State {
         }
     }
 
+    /// After a race for `addr` was lost: its pool's cursor jumps to a place chosen by `seed`.
+    pub fn scatter(&mut self, addr: IpAddr, seed: u64) {
+        if let Some(i) = self.locate(addr) {
+            self.pools[i].index.scatter(seed);
+        }
+    }
+
     /// Marks an address claimed (by anyone).
     pub fn mark_claimed(&mut self, addr: IpAddr) {
         self.cooling.remove(&addr);

@@ -1,0 +1,264 @@
+//! The etcd store under load, with a real etcd: many clients racing for the same addresses
+//! through the store API. No namespaces needed.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::Command;
+use std::time::Instant;
+
+use allot_core::store::{Attachment, Claim, PodRef, Store, StoreError};
+use allot_store::etcd::testing::EtcdServer;
+use allot_store::{EtcdConfig, EtcdStore};
+
+const CLIENTS: usize = 16;
+const ADDRESSES: u32 = 100_000;
+
+fn address(i: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + i))
+}
+
+/// 16 clients (each its own connection, as 16 agents would be) race for 100,000 addresses:
+/// every address is tried by two clients at about the same moment. Each address is won exactly
+/// once, and etcd (read with etcdctl, not through allot) holds exactly the winners' claims.
+#[test]
+fn sixteen_clients_racing_for_100000_addresses_claim_each_exactly_once() {
+    let etcd = EtcdServer::start();
+    let config = EtcdConfig::from_url(&etcd.url()).unwrap();
+    let started = Instant::now();
+    let results: Vec<(Vec<u32>, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..CLIENTS)
+            .map(|t| {
+                let config = config.clone();
+                s.spawn(move || {
+                    let store = EtcdStore::connect(&config).expect("connect");
+                    let me = Attachment {
+                        container_id: format!("client-{t}"),
+                        interface: "eth0".into(),
+                    };
+                    let pod = PodRef {
+                        namespace: "stress".into(),
+                        name: format!("client-{t}"),
+                        uid: format!("uid-{t}"),
+                        ..PodRef::default()
+                    };
+                    let (mut won, mut lost) = (Vec::new(), 0);
+                    let mine = [t as u32, ((t + CLIENTS - 1) % CLIENTS) as u32];
+                    for i in (0..ADDRESSES).filter(|i| mine.contains(&(i % CLIENTS as u32))) {
+                        let claim = Claim {
+                            address: address(i),
+                            pool: "stress".into(),
+                            network: "net".into(),
+                            attachment: Some(me.clone()),
+                            pod: pod.clone(),
+                            updated_at: 1,
+                        };
+                        let mut tries = 0;
+                        loop {
+                            match store.claim(std::slice::from_ref(&claim)) {
+                                Ok(()) => won.push(i),
+                                Err(StoreError::Conflict(a)) if a == claim.address => lost += 1,
+                                Err(StoreError::Unavailable(e)) if tries < 5 => {
+                                    tries += 1;
+                                    eprintln!("client {t}: retrying {}: {e}", claim.address);
+                                    continue;
+                                }
+                                Err(e) => panic!("client {t}: {e}"),
+                            }
+                            break;
+                        }
+                    }
+                    (won, lost)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let elapsed = started.elapsed();
+    let lost: usize = results.iter().map(|(_, l)| l).sum();
+    let mut winner: BTreeMap<u32, usize> = BTreeMap::new();
+    for (t, (won, _)) in results.iter().enumerate() {
+        for &i in won {
+            if let Some(other) = winner.insert(i, t) {
+                panic!("{} won by clients {other} and {t}", address(i));
+            }
+        }
+    }
+    eprintln!(
+        "{} claims and {lost} lost races in {elapsed:?} ({:.0} claims/s)",
+        winner.len(),
+        winner.len() as f64 / elapsed.as_secs_f64()
+    );
+    assert_eq!(winner.len(), ADDRESSES as usize, "every address was won");
+    assert_eq!(
+        lost, ADDRESSES as usize,
+        "every address was lost by the other client"
+    );
+
+    // What etcd holds, read directly.
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.endpoint()])
+        // The range's count is every key in it, whatever the limit.
+        .args([
+            "get",
+            "--prefix",
+            "/allot/claims/",
+            "--limit",
+            "1",
+            "-w",
+            "json",
+        ])
+        .output()
+        .expect("etcdctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("\"count\":{ADDRESSES}")),
+        "etcd holds {ADDRESSES} claims: {text}"
+    );
+    let store = EtcdStore::connect(&config).unwrap();
+    for claim in store.all().unwrap() {
+        let i = u32::from(match claim.address {
+            IpAddr::V4(a) => a,
+            IpAddr::V6(_) => panic!("unexpected {}", claim.address),
+        }) - u32::from(Ipv4Addr::new(10, 128, 0, 0));
+        let holder = &claim.attachment.expect("attached").container_id;
+        assert_eq!(
+            holder,
+            &format!("client-{}", winner[&i]),
+            "{} is stored for its winner",
+            claim.address
+        );
+    }
+}
+
+/// The claim keys etcd holds under `prefix`, counted by etcdctl.
+fn etcd_count(etcd: &EtcdServer, prefix: &str) -> u64 {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.endpoint()])
+        .args(["get", "--prefix", prefix, "--limit", "1", "-w", "json"])
+        .output()
+        .expect("etcdctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split("\"count\":")
+        .nth(1)
+        .map(|r| {
+            r.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Ten agents (ten "nodes", each its own process and socket) share one etcd and one /22 pool;
+/// 1,000 ADDs arrive at once through the `allot` plugin, spread over the agents. Every ADD
+/// succeeds with an address no other pod has; after the DELs etcd (read with etcdctl) holds no
+/// claim and no index key: nothing leaked.
+#[test]
+fn ten_agents_on_one_etcd_serve_1000_concurrent_adds_without_duplicates_or_leaks() {
+    use allot_e2e::*;
+    use std::sync::Arc;
+    const AGENTS: usize = 10;
+    const PODS: usize = 1000;
+    const PARALLEL: usize = 40;
+    let test = "ten_agents_on_one_etcd_serve_1000_concurrent_adds_without_duplicates_or_leaks";
+    if skip(test) {
+        return;
+    }
+    let etcd = EtcdServer::start();
+    let url = etcd.url();
+    let pool = ippool("wide", "10.67.0.0/22", Some("10.67.0.1"), &[]);
+    let Some(lab) = Lab::with_flags(test, &pool, &[("--store", url.as_str())]) else {
+        return;
+    };
+    let mut agents = vec![];
+    for _ in 1..AGENTS {
+        agents.push(Agent::start_sharing(&lab.agent));
+    }
+    let sockets: Vec<std::path::PathBuf> = std::iter::once(lab.agent.socket())
+        .chain(agents.iter().map(Agent::socket))
+        .collect();
+    let confs: Vec<serde_json::Value> = sockets
+        .iter()
+        .map(|s| {
+            bridge_conf(
+                "1.0.0",
+                &lab.network,
+                &lab.bridge,
+                allot_ipam(s, &["wide"], &[]),
+            )
+        })
+        .collect();
+    let netns = Arc::new(Netns::new());
+    let pods: Vec<allot_e2e::Attachment> = (0..PODS)
+        .map(|i| allot_e2e::Attachment::in_netns(&netns, &format!("pod-{i}")))
+        .collect();
+
+    let run_all = |command: &'static str| -> Vec<CniOutput> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut outs: Vec<(usize, CniOutput)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..PARALLEL)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            if i >= PODS {
+                                return mine;
+                            }
+                            let out = lab.cni("allot", command, &pods[i], &confs[i % AGENTS]);
+                            mine.push((i, out));
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        });
+        outs.sort_by_key(|(i, _)| *i);
+        outs.into_iter().map(|(_, o)| o).collect()
+    };
+
+    let started = Instant::now();
+    let added = run_all("ADD");
+    let elapsed = started.elapsed();
+    let mut addresses = std::collections::BTreeSet::new();
+    for out in &added {
+        out.expect_ok();
+        assert!(addresses.insert(out.ip()), "{} handed out twice", out.ip());
+    }
+    let mut latencies: Vec<std::time::Duration> = added.iter().map(|o| o.elapsed).collect();
+    latencies.sort();
+    let lost: u64 = sockets
+        .iter()
+        .filter_map(|s| http_get(s, "/metrics").ok())
+        .filter_map(|(_, text)| {
+            text.lines()
+                .find(|l| l.starts_with("allot_lost_races_total "))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .sum::<f64>() as u64;
+    eprintln!(
+        "{PODS} ADDs over {AGENTS} agents ({PARALLEL} at a time) in {elapsed:?}: {:.0} ADD/s, \
+         p50 {:?}, p99 {:?}, {lost} lost races ({:.1} per 1,000)",
+        PODS as f64 / elapsed.as_secs_f64(),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        lost as f64 * 1000.0 / PODS as f64
+    );
+    assert_eq!(etcd_count(&etcd, "/allot/claims/"), PODS as u64);
+
+    for out in run_all("DEL") {
+        out.expect_ok();
+    }
+    assert_eq!(etcd_count(&etcd, "/allot/claims/"), 0, "no claim leaked");
+    assert_eq!(etcd_count(&etcd, "/allot/index/"), 0, "no index key leaked");
+    drop(agents);
+}
