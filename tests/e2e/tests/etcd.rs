@@ -7,8 +7,10 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use allot_core::store::Store as _;
 use allot_e2e::*;
 use allot_store::etcd::testing::EtcdServer;
+use allot_store::{EtcdConfig, EtcdStore};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -243,5 +245,103 @@ fn pools_applied_to_etcd_are_served_and_an_edit_that_would_orphan_a_claim_is_ref
             .lines()
             .any(|l| l.starts_with("p ") && l.contains(" 1 ") && l.contains(" 20 ")),
         "{pools}"
+    );
+}
+
+/// An agent killed with SIGKILL in the middle of an ADD (its claim already in etcd, its answer
+/// not yet given): the retried ADD, through the restarted agent, returns the same address, and
+/// an agent on another node never receives it, even when the pool runs out.
+#[test]
+fn an_agent_killed_mid_add_gives_the_retry_the_same_address_and_no_one_else() {
+    let etcd = EtcdServer::start();
+    let url = etcd.url();
+    let pool = ippool(
+        "small",
+        "10.68.0.0/24",
+        Some("10.68.0.1"),
+        &["10.68.0.10-10.68.0.49"],
+    );
+    let Some(mut lab) = Lab::with_flags(
+        "an_agent_killed_mid_add_gives_the_retry_the_same_address_and_no_one_else",
+        &pool,
+        &[("--store", url.as_str())],
+    ) else {
+        return;
+    };
+    let other = Agent::start_sharing(&lab.agent);
+    let conf = lab.bridge_conf(&["small"], &[]);
+    let other_conf = bridge_conf(
+        "1.0.0",
+        &lab.network,
+        &lab.bridge,
+        allot_ipam(&other.socket(), &["small"], &[]),
+    );
+    let truth = EtcdStore::connect(&EtcdConfig::from_url(&url).unwrap()).unwrap();
+
+    // Stop the agent (SIGSTOP) at a random moment of an ADD until it is caught with its claim in
+    // etcd and its answer not given; then SIGKILL it.
+    let mut caught = None;
+    for n in 0..60 {
+        let pod = Attachment::new(&format!("victim-{n}"));
+        let id = allot_core::store::Attachment {
+            container_id: pod.container_id.clone(),
+            interface: pod.ifname.clone(),
+        };
+        let pause = Duration::from_micros(u64::from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+                % 8000,
+        ));
+        let killed = thread::scope(|s| {
+            let add = s.spawn(|| lab.cni("allot", "ADD", &pod, &conf));
+            thread::sleep(pause);
+            lab.agent.signal(libc::SIGSTOP);
+            thread::sleep(Duration::from_millis(100));
+            let claims = truth.claims_of(&id).unwrap();
+            if !add.is_finished() && !claims.is_empty() {
+                lab.agent.signal(libc::SIGKILL);
+                add.join().unwrap().expect_err(&[11]);
+                Some(claims[0].address.to_string())
+            } else {
+                lab.agent.signal(libc::SIGCONT);
+                add.join().unwrap();
+                None
+            }
+        });
+        if let Some(address) = killed {
+            caught = Some((pod, address));
+            break;
+        }
+    }
+    let (pod, first) = caught.expect("the agent was never caught between its claim and its answer");
+
+    // The other node gets every other address, never this one.
+    let mut others = Vec::new();
+    loop {
+        let out = lab.cni(
+            "allot",
+            "ADD",
+            &Attachment::new(&format!("o{}", others.len())),
+            &other_conf,
+        );
+        if !out.success() {
+            out.expect_err(&[100]);
+            break;
+        }
+        others.push(ip_only(&out.ip()));
+    }
+    assert!(
+        !others.contains(&first),
+        "{first} handed out twice: {others:?}"
+    );
+
+    lab.agent.restart();
+    let retried = lab.cni("allot", "ADD", &pod, &conf);
+    assert_eq!(
+        ip_only(&retried.expect_ok().ip()),
+        first,
+        "the retry gets the same address"
     );
 }
