@@ -24,6 +24,7 @@ done <<'PACKAGES'
 ip iproute2
 ping iputils-ping
 etcd etcd-server
+openssl openssl
 etcdctl etcd-client
 protoc protobuf-compiler
 /usr/include/google/protobuf/descriptor.proto libprotobuf-dev

@@ -172,3 +172,41 @@ fn a_connection_lost_mid_batch_leaves_nothing_half_written() {
         assert_eq!(by_pod.len(), stored.len(), "batch {i}: pod index matches");
     }
 }
+
+/// A production-like etcd: TLS only, client certificates required. With the CA and a client
+/// certificate the store claims and follows; without the client certificate it fails clearly
+/// and writes nothing.
+#[test]
+fn tls_with_client_certificates() {
+    let etcd = EtcdServer::start_tls();
+    let pki = etcd.pki().unwrap().clone();
+    let url = format!("etcd://{}", etcd.endpoint());
+    let config = EtcdConfig {
+        ca: Some(pki.ca.clone()),
+        cert: Some(pki.client_cert.clone()),
+        key: Some(pki.client_key.clone()),
+        ..EtcdConfig::from_url(&url).unwrap()
+    };
+    let store = EtcdStore::connect(&config).unwrap();
+    let start = store.snapshot(0).unwrap().revision;
+    let a = attachment("c1", "eth0");
+    store
+        .claim(&[claim("10.0.0.1", "p", Some(&a), &pod("ns", "p", "u"), T0)])
+        .unwrap();
+    match store.changes_since(start).unwrap() {
+        Changes::Since { changes, .. } => assert_eq!(changes.len(), 1),
+        Changes::Compacted => panic!("a young store is not compacted"),
+    }
+
+    let no_client_cert = EtcdConfig {
+        cert: None,
+        key: None,
+        ..config.clone()
+    };
+    let refused = EtcdStore::connect(&no_client_cert)
+        .and_then(|s| s.claim(&[claim("10.0.0.2", "p", Some(&a), &pod("ns", "p", "u"), T0)]));
+    assert!(refused.is_err(), "etcd requires a client certificate");
+    let plain = EtcdStore::connect(&EtcdConfig::from_url(&url).unwrap()).and_then(|s| s.all());
+    assert!(plain.is_err(), "plain text to a TLS etcd fails");
+    assert_eq!(store.all().unwrap().len(), 1, "nothing else was written");
+}

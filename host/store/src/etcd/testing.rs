@@ -15,6 +15,93 @@ pub struct EtcdServer {
     client: SocketAddr,
     peer: SocketAddr,
     child: Option<Child>,
+    /// Serve clients over TLS with these certificates, asking for client certificates.
+    tls: Option<TestPki>,
+}
+
+/// Certificates for a TLS etcd, made with the openssl command: a CA, a server certificate for
+/// 127.0.0.1, and a client certificate, all signed by the CA.
+#[derive(Clone, Debug)]
+pub struct TestPki {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl TestPki {
+    pub fn generate(dir: &Path) -> TestPki {
+        std::fs::create_dir_all(dir).expect("pki directory");
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("openssl (Debian's openssl package)");
+            assert!(out.status.success(), "openssl {args:?}: {out:?}");
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=allot-test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ]);
+        for (name, ext) in [
+            (
+                "server",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth",
+            ),
+            ("client", "extendedKeyUsage=clientAuth"),
+        ] {
+            std::fs::write(dir.join(format!("{name}.ext")), ext).expect("extension file");
+            run(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN=allot-test-{name}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+            ]);
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.pem"),
+            ]);
+        }
+        TestPki {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client.key"),
+        }
+    }
 }
 
 fn free_port() -> SocketAddr {
@@ -26,6 +113,21 @@ fn free_port() -> SocketAddr {
 impl EtcdServer {
     /// Starts a fresh, empty etcd and waits until it is healthy.
     pub fn start() -> EtcdServer {
+        Self::start_with(false)
+    }
+
+    /// Starts a fresh etcd that serves clients over TLS only and requires a client certificate
+    /// signed by its CA ([`EtcdServer::pki`]).
+    pub fn start_tls() -> EtcdServer {
+        Self::start_with(true)
+    }
+
+    /// The certificates of a TLS etcd.
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.tls.as_ref()
+    }
+
+    fn start_with(tls: bool) -> EtcdServer {
         let dir = std::env::temp_dir().join(format!(
             "allot-etcd-{}-{}",
             std::process::id(),
@@ -35,11 +137,13 @@ impl EtcdServer {
                 .unwrap_or(0)
         ));
         std::fs::create_dir_all(&dir).expect("etcd test directory");
+        let tls = tls.then(|| TestPki::generate(&dir.join("pki")));
         let mut server = EtcdServer {
             dir,
             client: free_port(),
             peer: free_port(),
             child: None,
+            tls,
         };
         server.start_again();
         server
@@ -70,10 +174,22 @@ impl EtcdServer {
     /// Starts etcd again on the same ports and data, and waits until it is healthy.
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "etcd is already running");
-        let client = format!("http://{}", self.client);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://{}", self.client);
         let peer = format!("http://{}", self.peer);
         let log = std::fs::File::create(self.dir.join("etcd.log")).expect("etcd log");
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(pki) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&pki.server_cert)
+                .arg("--key-file")
+                .arg(&pki.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&pki.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", "test", "--data-dir"])
             .arg(self.dir.join("data"))
             .args(["--listen-client-urls", &client])
@@ -121,6 +237,20 @@ impl EtcdServer {
 
     /// etcd's `/health`: a member that has a leader answers `"health":"true"`.
     fn healthy(&self) -> bool {
+        if let Some(pki) = &self.tls {
+            return Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &format!("https://{}", self.client)])
+                .arg("--cacert")
+                .arg(&pki.ca)
+                .arg("--cert")
+                .arg(&pki.client_cert)
+                .arg("--key")
+                .arg(&pki.client_key)
+                .args(["endpoint", "health", "--command-timeout", "1s"])
+                .output()
+                .is_ok_and(|o| o.status.success());
+        }
         let Ok(mut s) = TcpStream::connect_timeout(&self.client, Duration::from_millis(200)) else {
             return false;
         };
