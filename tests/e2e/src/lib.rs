@@ -10,6 +10,8 @@
 //! Tests call [`Lab::new`] first: it returns `None` (after printing `SKIP: ...`) when the
 //! machine cannot run them (not root, or containernetworking-plugins missing).
 
+pub mod fleet;
+
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{Read, Write};

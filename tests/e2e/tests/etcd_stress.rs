@@ -151,10 +151,6 @@ fn etcd_count(etcd: &EtcdServer, prefix: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Ten agents (ten "nodes", each its own process and socket) share one etcd and one /22 pool;
 /// 1,000 ADDs arrive at once through the `allot` plugin, spread over the agents. Every ADD
 /// succeeds with an address no other pod has; after the DELs etcd (read with etcdctl) holds no
@@ -162,7 +158,6 @@ fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
 #[test]
 fn ten_agents_on_one_etcd_serve_1000_concurrent_adds_without_duplicates_or_leaks() {
     use allot_e2e::*;
-    use std::sync::Arc;
     const AGENTS: usize = 10;
     const PODS: usize = 1000;
     const PARALLEL: usize = 40;
@@ -173,62 +168,13 @@ fn ten_agents_on_one_etcd_serve_1000_concurrent_adds_without_duplicates_or_leaks
     let etcd = EtcdServer::start();
     let url = etcd.url();
     let pool = ippool("wide", "10.67.0.0/22", Some("10.67.0.1"), &[]);
-    let Some(lab) = Lab::with_flags(test, &pool, &[("--store", url.as_str())]) else {
+    let Some(fleet) =
+        fleet::Fleet::start(test, AGENTS, &pool, "wide", &[("--store", url.as_str())])
+    else {
         return;
     };
-    let mut agents = vec![];
-    for _ in 1..AGENTS {
-        agents.push(Agent::start_sharing(&lab.agent));
-    }
-    let sockets: Vec<std::path::PathBuf> = std::iter::once(lab.agent.socket())
-        .chain(agents.iter().map(Agent::socket))
-        .collect();
-    let confs: Vec<serde_json::Value> = sockets
-        .iter()
-        .map(|s| {
-            bridge_conf(
-                "1.0.0",
-                &lab.network,
-                &lab.bridge,
-                allot_ipam(s, &["wide"], &[]),
-            )
-        })
-        .collect();
-    let netns = Arc::new(Netns::new());
-    let pods: Vec<allot_e2e::Attachment> = (0..PODS)
-        .map(|i| allot_e2e::Attachment::in_netns(&netns, &format!("pod-{i}")))
-        .collect();
-
-    let run_all = |command: &'static str| -> Vec<CniOutput> {
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let mut outs: Vec<(usize, CniOutput)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..PARALLEL)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut mine = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                            if i >= PODS {
-                                return mine;
-                            }
-                            let out = lab.cni("allot", command, &pods[i], &confs[i % AGENTS]);
-                            mine.push((i, out));
-                        }
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap())
-                .collect()
-        });
-        outs.sort_by_key(|(i, _)| *i);
-        outs.into_iter().map(|(_, o)| o).collect()
-    };
-
-    let started = Instant::now();
-    let added = run_all("ADD");
-    let elapsed = started.elapsed();
+    let pods = fleet.pods(PODS);
+    let (added, elapsed) = fleet.run("ADD", &pods, PARALLEL);
     let mut addresses = std::collections::BTreeSet::new();
     for out in &added {
         out.expect_ok();
@@ -236,29 +182,20 @@ fn ten_agents_on_one_etcd_serve_1000_concurrent_adds_without_duplicates_or_leaks
     }
     let mut latencies: Vec<std::time::Duration> = added.iter().map(|o| o.elapsed).collect();
     latencies.sort();
-    let lost: u64 = sockets
-        .iter()
-        .filter_map(|s| http_get(s, "/metrics").ok())
-        .filter_map(|(_, text)| {
-            text.lines()
-                .find(|l| l.starts_with("allot_lost_races_total "))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .sum::<f64>() as u64;
+    let lost = fleet.lost_races();
     eprintln!(
         "{PODS} ADDs over {AGENTS} agents ({PARALLEL} at a time) in {elapsed:?}: {:.0} ADD/s, \
          p50 {:?}, p99 {:?}, {lost} lost races ({:.1} per 1,000)",
         PODS as f64 / elapsed.as_secs_f64(),
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.99),
+        fleet::percentile(&latencies, 0.5),
+        fleet::percentile(&latencies, 0.99),
         lost as f64 * 1000.0 / PODS as f64
     );
     assert_eq!(etcd_count(&etcd, "/allot/claims/"), PODS as u64);
 
-    for out in run_all("DEL") {
+    for out in fleet.run("DEL", &pods, PARALLEL).0 {
         out.expect_ok();
     }
     assert_eq!(etcd_count(&etcd, "/allot/claims/"), 0, "no claim leaked");
     assert_eq!(etcd_count(&etcd, "/allot/index/"), 0, "no index key leaked");
-    drop(agents);
 }

@@ -1,0 +1,119 @@
+//! Several agents ("nodes") sharing one claim store, and many pods arriving at once through the
+//! `allot` plugin, spread over them: the etcd stress test and benchmark.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::{Agent, Attachment, CniOutput, Lab, Netns, allot_ipam, bridge_conf, http_get};
+
+pub struct Fleet {
+    pub lab: Lab,
+    pub others: Vec<Agent>,
+    confs: Vec<Value>,
+    sockets: Vec<PathBuf>,
+    netns: Arc<Netns>,
+}
+
+impl Fleet {
+    /// `agents` agents with `flags` (e.g. `--store etcd://…`) on the pool documents `pools`,
+    /// whose network configs ask for `pool`. `None` when this machine cannot run e2e tests.
+    pub fn start(
+        test: &str,
+        agents: usize,
+        pools: &str,
+        pool: &str,
+        flags: &[(&str, &str)],
+    ) -> Option<Fleet> {
+        let lab = Lab::with_flags(test, pools, flags)?;
+        let others: Vec<Agent> = (1..agents)
+            .map(|_| Agent::start_sharing(&lab.agent))
+            .collect();
+        let sockets: Vec<PathBuf> = std::iter::once(lab.agent.socket())
+            .chain(others.iter().map(Agent::socket))
+            .collect();
+        let confs = sockets
+            .iter()
+            .map(|s| {
+                bridge_conf(
+                    "1.0.0",
+                    &lab.network,
+                    &lab.bridge,
+                    allot_ipam(s, &[pool], &[]),
+                )
+            })
+            .collect();
+        Some(Fleet {
+            lab,
+            others,
+            confs,
+            sockets,
+            netns: Arc::new(Netns::new()),
+        })
+    }
+
+    /// `n` pods (attachments in one shared namespace: the IPAM plugin does not enter it).
+    pub fn pods(&self, n: usize) -> Vec<Attachment> {
+        (0..n)
+            .map(|i| Attachment::in_netns(&self.netns, &format!("pod-{i}")))
+            .collect()
+    }
+
+    /// Runs `command` for every pod, `parallel` at a time, pod `i` through agent `i % agents`.
+    /// Returns the outputs in pod order and the wall-clock time.
+    pub fn run(
+        &self,
+        command: &str,
+        pods: &[Attachment],
+        parallel: usize,
+    ) -> (Vec<CniOutput>, Duration) {
+        let next = AtomicUsize::new(0);
+        let started = Instant::now();
+        let mut outs: Vec<(usize, CniOutput)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..parallel)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::SeqCst);
+                            if i >= pods.len() {
+                                return mine;
+                            }
+                            let conf = &self.confs[i % self.confs.len()];
+                            mine.push((i, self.lab.cni("allot", command, &pods[i], conf)));
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        });
+        let elapsed = started.elapsed();
+        outs.sort_by_key(|(i, _)| *i);
+        (outs.into_iter().map(|(_, o)| o).collect(), elapsed)
+    }
+
+    /// Races for addresses the agents lost to each other so far (`allot_lost_races_total`).
+    pub fn lost_races(&self) -> u64 {
+        self.sockets
+            .iter()
+            .filter_map(|s| http_get(s, "/metrics").ok())
+            .filter_map(|(_, text)| {
+                text.lines()
+                    .find(|l| l.starts_with("allot_lost_races_total "))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            })
+            .sum::<f64>() as u64
+    }
+}
+
+/// The `p` quantile of sorted durations.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let n = sorted.len();
+    sorted[((n as f64 * p).ceil() as usize).clamp(1, n) - 1]
+}
