@@ -6,7 +6,7 @@ WASM_DIR     := target/wasm-policies
 WASM_OUT     := $(WASM_DIR)/wasm32-wasip2/release
 ALLOTCTL     := target/release/allotctl
 
-.PHONY: run test setup build policies lint scenarios unit bench
+.PHONY: run test setup build policies lint scenarios unit bench fuzz
 
 # The main job: the node agent in standalone mode on examples/standalone/ with the embedded
 # default policy, listening on /run/allot/agent.sock (see the README for a pod's-eye view).
@@ -44,3 +44,9 @@ bench: build policies
 	$(ALLOTCTL) policy bench --pools 1000 --iterations 20000
 	$(CARGO) bench --locked -p allot-core --bench address_choice
 	$(CARGO) bench --locked -p allot-e2e --bench cni_cycle
+
+# One fuzzing campaign (AFL++ through cargo-afl, installed on first use; never part of `make
+# test`, which replays the committed corpora). Stops after EXECS executions or TIME seconds,
+# whichever comes first: make fuzz TARGET=pools [EXECS=10000000] [TIME=3600]. fuzz/README.md.
+fuzz:
+	scripts/fuzz.sh run $(TARGET) $(EXECS) $(TIME)
