@@ -63,11 +63,13 @@ run() {
     afl_env
     rm -rf "$out"
     mkdir -p "$out"
+    # A copy, so that rebuilding the harness (to fix what a campaign found) leaves it running.
+    cp "$HARNESS" "$out/harness"
     echo "fuzz: $target until $execs executions or $seconds s; log in $out/afl.log"
     local started
     started=$(date -u +%FT%TZ)
     nice -n 19 cargo afl fuzz -i "fuzz/corpus/$target" -o "$out" "${dict[@]}" \
-        -E "$execs" -V "$seconds" -- "$HARNESS" "$target" >"$out/afl.log" 2>&1 || {
+        -E "$execs" -V "$seconds" -- "$out/harness" "$target" >"$out/afl.log" 2>&1 || {
         tail -n 30 "$out/afl.log" >&2
         exit 1
     }
