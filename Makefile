@@ -5,6 +5,9 @@ CARGO        ?= cargo
 WASM_DIR     := target/wasm-policies
 WASM_OUT     := $(WASM_DIR)/wasm32-wasip2/release
 ALLOTCTL     := target/release/allotctl
+POLICY_0_1_0 := tests/fixtures/default-policy-0.1.0/default_policy.wasm
+SCENARIOS_SINCE_0_1_0 := examples/scenarios/sort examples/scenarios/dual-stack \
+	examples/scenarios/malformed examples/scenarios/wildcards
 
 .PHONY: run test setup build policies lint scenarios unit bench fuzz
 
@@ -35,6 +38,9 @@ lint: setup
 scenarios: build policies
 	$(ALLOTCTL) policy test examples/scenarios
 	$(ALLOTCTL) policy test --policy $(WASM_OUT)/zone_aware.wasm examples/policies/zone-aware/scenarios
+	# A component built against allot:policy@0.1.0 still decides as it did: the scenarios whose
+	# behaviour 0.2.0's default did not change (the others are in host/policy/tests).
+	$(ALLOTCTL) policy test --policy $(POLICY_0_1_0) $(SCENARIOS_SINCE_0_1_0)
 
 unit: policies
 	$(CARGO) nextest run --release --locked --workspace
@@ -43,6 +49,7 @@ bench: build policies
 	$(CARGO) bench --locked -p allot-policy --bench decision
 	$(ALLOTCTL) policy bench --pools 1000 --iterations 20000
 	$(CARGO) bench --locked -p allot-core --bench address_choice
+	$(CARGO) bench --locked -p allot-store --bench node_scale
 	$(CARGO) bench --locked -p allot-e2e --bench cni_cycle
 
 # One fuzzing campaign (AFL++ through cargo-afl, installed on first use; never part of `make

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::engine::Engine;
+use allot_core::engine::{Engine, EngineConfig};
+use allot_core::store::system_clock;
 use allot_policy::{
     ClusterHandle, Limits, OnFailure, PolicyEngine, PolicyRegistry, PolicySource, PrecompiledCache,
 };
@@ -12,9 +13,9 @@ use allot_store::SqliteStore;
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
 
+use crate::inventory;
 use crate::metrics::Metrics;
 use crate::server::{self, Shared};
-use crate::standalone;
 
 /// The registry key of the one cluster a standalone agent serves.
 pub const STANDALONE_CLUSTER: &str = "standalone";
@@ -39,7 +40,9 @@ pub struct Args {
     /// This node's name, as pools' nodeName and nodeAffinity see it (default: the hostname).
     #[arg(long)]
     node_name: Option<String>,
-    /// How often the standalone directory is checked for changes.
+    /// How often the agent checks the standalone directory for changes and follows the store's
+    /// change feed; a degraded configuration (an invalid object, a failed reload) is reloaded
+    /// this often until it is fixed.
     #[arg(long, default_value_t = 1000)]
     reload_interval_ms: u64,
     /// A pool-selection policy component to use instead of the embedded default.
@@ -57,6 +60,25 @@ pub struct Args {
     /// Memory a policy instance may use, in MiB.
     #[arg(long, default_value_t = 64)]
     policy_memory_mib: usize,
+    /// Seconds a released address stays out of use before it is handed out again (neighbours'
+    /// ARP caches may still point at the old pod).
+    #[arg(long, value_name = "SECONDS", default_value_t = EngineConfig::default().cooldown)]
+    cooldown_seconds: u64,
+    /// GC releases a leaked claim only after seeing it leaked twice at least this far apart,
+    /// and never a claim younger than this.
+    #[arg(long, value_name = "SECONDS", default_value_t = EngineConfig::default().gc_grace)]
+    gc_grace_seconds: u64,
+    /// A StatefulSet pod's address kept after DEL is released when the pod has not been added
+    /// again within this time.
+    #[arg(long, value_name = "SECONDS", default_value_t = EngineConfig::default().stateful_keep)]
+    statefulset_keep_seconds: u64,
+    /// The free indexes are rebuilt from the store this often, whatever its change feed said.
+    #[arg(long, value_name = "SECONDS", default_value_t = EngineConfig::default().resync)]
+    resync_seconds: u64,
+    /// Where the plugin remembers DELs it could not deliver (its ipam `journal`); the agent
+    /// replays them.
+    #[arg(long, value_name = "DIR", default_value = allot_api::DEFAULT_JOURNAL)]
+    journal: PathBuf,
     /// Where compiled policies are cached (default: $ALLOT_CACHE_DIR, else /var/cache/allot
     /// when root, else ~/.cache/allot/policies).
     #[arg(long, value_name = "DIR")]
@@ -120,14 +142,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         registry.install(STANDALONE_CLUSTER, policy, on_failure);
     }
-    let engine: Arc<AgentEngine> =
-        Arc::new(Engine::new(store, registry.for_cluster(STANDALONE_CLUSTER)));
+    let config = EngineConfig {
+        cooldown: args.cooldown_seconds,
+        gc_grace: args.gc_grace_seconds,
+        stateful_keep: args.statefulset_keep_seconds,
+        resync: args.resync_seconds.max(1),
+    };
+    let engine: Arc<AgentEngine> = Arc::new(Engine::with_config(
+        store,
+        registry.for_cluster(STANDALONE_CLUSTER),
+        config,
+        system_clock(),
+    ));
     let metrics = Arc::new(Metrics::new());
     let shared = Arc::new(Shared {
         engine,
         metrics,
         node_name,
-        config_errors: std::sync::Mutex::new(Vec::new()),
+        config: Default::default(),
     });
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -136,14 +168,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        reload(&shared, &dir).await;
-        let watcher = tokio::spawn(watch(
+        let first = shared.clone();
+        let first_dir = dir.clone();
+        tokio::task::spawn_blocking(move || inventory::reload(&first, &first_dir))
+            .await
+            .context("loading the pools")?;
+        let ticker = tokio::spawn(inventory::run(
             shared.clone(),
             dir,
+            args.journal.clone(),
             Duration::from_millis(args.reload_interval_ms.max(100)),
         ));
         let served = server::serve(shared, &args.socket).await;
-        watcher.abort();
+        ticker.abort();
         served
     })
 }
@@ -154,44 +191,4 @@ fn hostname() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
-}
-
-/// Loads the directory and installs what is valid.
-async fn reload(shared: &Arc<Shared>, dir: &std::path::Path) {
-    let dir = dir.to_path_buf();
-    let s = shared.clone();
-    let result = tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
-        let loaded =
-            standalone::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
-        for e in &loaded.errors {
-            tracing::error!("left out: {e}");
-        }
-        let count = loaded.pools.len();
-        s.metrics.config_errors.set(loaded.errors.len() as i64);
-        *s.config_errors.lock().unwrap_or_else(|p| p.into_inner()) = loaded.errors;
-        s.engine
-            .load(loaded.pools, loaded.subnets, loaded.reserved)
-            .map_err(|e| anyhow::anyhow!("reading claims: {e}"))?;
-        Ok(count)
-    })
-    .await;
-    match result {
-        Ok(Ok(count)) => tracing::info!(pools = count, "inventory loaded"),
-        Ok(Err(e)) => tracing::error!("could not load the inventory: {e:#}"),
-        Err(e) => tracing::error!("inventory load task failed: {e}"),
-    }
-}
-
-async fn watch(shared: Arc<Shared>, dir: PathBuf, every: Duration) {
-    let mut last = standalone::fingerprint(&dir).ok();
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tick.tick().await;
-        let now = standalone::fingerprint(&dir).ok();
-        if now != last {
-            tracing::info!(dir = %dir.display(), "pool files changed; reloading");
-            reload(&shared, &dir).await;
-            last = now;
-        }
-    }
 }

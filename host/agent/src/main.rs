@@ -2,6 +2,8 @@
 //! allot CNI plugin over a unix socket.
 
 mod args;
+mod inventory;
+mod journal;
 mod metrics;
 mod server;
 mod standalone;

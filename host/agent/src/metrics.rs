@@ -1,6 +1,9 @@
-//! Prometheus metrics: allocations, releases, errors by reason, ADD latency, pool usage.
+//! Prometheus metrics: allocations, releases, errors by reason, ADD latency, pool usage, and
+//! what of the configuration is not in force.
 
 use allot_core::engine::PoolUsage;
+
+use crate::inventory::ConfigState;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -11,6 +14,11 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -26,7 +34,8 @@ pub struct Metrics {
     pub errors: Family<ReasonLabel, Counter>,
     pub add_seconds: Histogram,
     pub pool_addresses: Family<PoolLabel, Gauge>,
-    pub config_errors: Gauge,
+    pub config_problems: Family<StateLabel, Gauge>,
+    pub degraded: Gauge,
 }
 
 impl Metrics {
@@ -37,7 +46,8 @@ impl Metrics {
         let errors = Family::<ReasonLabel, Counter>::default();
         let add_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         let pool_addresses = Family::<PoolLabel, Gauge>::default();
-        let config_errors = Gauge::default();
+        let config_problems = Family::<StateLabel, Gauge>::default();
+        let degraded = Gauge::default();
         registry.register("allocations", "Addresses handed out", allocations.clone());
         registry.register("releases", "Addresses released", releases.clone());
         registry.register("errors", "Failed requests by reason", errors.clone());
@@ -48,13 +58,21 @@ impl Metrics {
         );
         registry.register(
             "pool_addresses",
-            "Addresses per pool: total (assignable) and free",
+            "Addresses per pool: total (assignable), free, cooling (released, not yet reusable) \
+             and claims (held by a terminating version)",
             pool_addresses.clone(),
         );
         registry.register(
-            "config_errors",
-            "Objects in the standalone directory left out because they are invalid",
-            config_errors.clone(),
+            "config_problems",
+            "Objects (and files) of the configuration not entirely in force, by state: held-back \
+             (the previous version serves), left-out, partial (a ReservedIP reserving what could \
+             be read), incomplete (a file that could not be read completely)",
+            config_problems.clone(),
+        );
+        registry.register(
+            "degraded",
+            "1 while the configuration in force differs from the files or the last reload failed",
+            degraded.clone(),
         );
         Metrics {
             registry,
@@ -63,7 +81,8 @@ impl Metrics {
             errors,
             add_seconds,
             pool_addresses,
-            config_errors,
+            config_problems,
+            degraded,
         }
     }
 
@@ -75,11 +94,35 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets the configuration gauges from what the last reload made of the files.
+    pub fn set_config(&self, config: &ConfigState) {
+        self.config_problems.clear();
+        for state in ["held-back", "left-out", "partial", "incomplete", "failed"] {
+            // Every state is exported, at 0 when nothing is in it, so alerts see the series.
+            self.config_problems
+                .get_or_create(&StateLabel {
+                    state: state.to_string(),
+                })
+                .set(0);
+        }
+        for p in config.listed() {
+            self.config_problems
+                .get_or_create(&StateLabel { state: p.state })
+                .inc();
+        }
+        self.degraded.set(i64::from(config.degraded()));
+    }
+
     /// Encodes the registry, with pool gauges set from `usage` first.
     pub fn encode(&self, usage: &[PoolUsage]) -> String {
         self.pool_addresses.clear();
         for u in usage {
-            for (state, value) in [("total", u.total), ("free", u.free)] {
+            for (state, value) in [
+                ("total", u.total),
+                ("free", u.free),
+                ("cooling", u.cooling),
+                ("claims", u.claims),
+            ] {
                 self.pool_addresses
                     .get_or_create(&PoolLabel {
                         pool: u.name.clone(),

@@ -4,12 +4,12 @@
 use std::collections::BTreeSet;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use allot_api::{self as api, ErrorBody, codes};
 use allot_core::PolicyErrorKind;
-use allot_core::engine::{AddOutcome, AddRequest, AllocError};
+use allot_core::engine::{AddOutcome, AddRequest, AllocError, DelRequest};
 use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, Owner, PodInfo};
 use allot_core::store::{Attachment, StoreError};
 use anyhow::Context as _;
@@ -22,13 +22,14 @@ use serde::de::DeserializeOwned;
 use tokio::net::UnixListener;
 
 use crate::args::AgentEngine;
+use crate::inventory::SharedConfig;
 use crate::metrics::Metrics;
 
 pub struct Shared {
     pub engine: Arc<AgentEngine>,
     pub metrics: Arc<Metrics>,
     pub node_name: String,
-    pub config_errors: Mutex<Vec<String>>,
+    pub config: SharedConfig,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -197,11 +198,20 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
             Ok(r) => add(shared, r).await,
             Err(reply) => reply,
         },
-        (Method::POST, api::DEL) => match body::<api::AttachmentId>(req).await {
+        (Method::POST, api::DEL) => match body::<api::DelRequest>(req).await {
             Ok(r) => {
                 blocking(&shared, "del", move |s| {
-                    let released = s.engine.del(&attachment(&r))?;
+                    let request = DelRequest {
+                        attachment: attachment(&r.attachment),
+                        owner_replicas: r.owner_replicas,
+                        issued_at: r.issued_at,
+                    };
+                    let touched = s.engine.del_request(&request)?;
+                    let released: Vec<_> = touched.iter().filter(|c| c.attachment.is_some()).collect();
                     s.metrics.releases.inc_by(released.len() as u64);
+                    if r.issued_at.is_some() {
+                        tracing::info!(container = %request.attachment, released = released.len(), "replayed a DEL from the plugin's journal");
+                    }
                     Ok(json(StatusCode::OK, &serde_json::json!({})))
                 })
                 .await
@@ -225,15 +235,23 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
                 blocking(&shared, "gc", move |s| {
                     let valid: BTreeSet<Attachment> =
                         r.valid_attachments.iter().map(attachment).collect();
-                    let released = s.engine.gc(&r.network, &valid)?;
-                    s.metrics.releases.inc_by(released.len() as u64);
-                    for c in &released {
+                    let report = s.engine.gc(&r.network, &valid)?;
+                    s.metrics.releases.inc_by(report.released.len() as u64);
+                    for c in &report.released {
                         tracing::info!(address = %c.address, pool = %c.pool, "released by GC");
+                    }
+                    if report.suspects > 0 {
+                        tracing::info!(network = %r.network, suspects = report.suspects, "claims seen leaked; released at a later GC past the grace period if still leaked");
                     }
                     Ok(json(
                         StatusCode::OK,
                         &api::GcResponse {
-                            released: released.iter().map(|c| c.address.to_string()).collect(),
+                            released: report
+                                .released
+                                .iter()
+                                .map(|c| c.address.to_string())
+                                .collect(),
+                            suspects: report.suspects,
                         },
                     ))
                 })
@@ -258,20 +276,23 @@ fn attachment(a: &api::AttachmentId) -> Attachment {
 }
 
 fn status(shared: &Shared) -> api::StatusResponse {
-    let errors = shared
-        .config_errors
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let (degraded, problems) = {
+        let config = shared.config.lock().unwrap_or_else(|p| p.into_inner());
+        (config.degraded(), config.listed())
+    };
     let ready = shared.engine.is_loaded();
     api::StatusResponse {
         ready,
-        message: match (ready, errors.len()) {
+        message: match (ready, problems.len()) {
             (false, _) => "pools not loaded yet".into(),
             (true, 0) => "ready".into(),
             (true, n) => format!(
-                "ready; {n} invalid object(s) left out: {}",
-                errors.join("; ")
+                "ready, degraded: {n} object(s) or file(s) not entirely in force: {}",
+                problems
+                    .iter()
+                    .map(|p| format!("{} {} {}: {}", p.kind, p.name, p.state, p.reason))
+                    .collect::<Vec<_>>()
+                    .join("; ")
             ),
         },
         pools: shared
@@ -283,8 +304,13 @@ fn status(shared: &Shared) -> api::StatusResponse {
                 ip_version: u.family.version(),
                 total: u.total,
                 free: u.free,
+                cooling: u.cooling,
+                state: u.state.as_str().into(),
+                claims: u.claims,
             })
             .collect(),
+        degraded,
+        problems,
     }
 }
 

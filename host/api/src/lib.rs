@@ -4,7 +4,7 @@
 //! | method and path   | body             | success          |
 //! |-------------------|------------------|------------------|
 //! | `POST /v1/add`    | [`AddRequest`]   | [`IpamResult`]   |
-//! | `POST /v1/del`    | [`AttachmentId`] | `{}`             |
+//! | `POST /v1/del`    | [`DelRequest`]   | `{}`             |
 //! | `POST /v1/check`  | [`AttachmentId`] | [`IpamResult`]   |
 //! | `POST /v1/gc`     | [`GcRequest`]    | [`GcResponse`]   |
 //! | `GET /v1/status`  |                  | [`StatusResponse`] |
@@ -26,6 +26,10 @@ pub const METRICS: &str = "/metrics";
 
 /// Where the agent listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/allot/agent.sock";
+
+/// Where the plugin remembers DELs the agent could not take (one [`DelRequest`] per file, named
+/// `CONTAINERID@IFNAME.json`), and where the agent replays them from.
+pub const DEFAULT_JOURNAL: &str = "/var/lib/allot/journal";
 
 /// The pod behind an attachment, from `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`,
 /// `K8S_POD_UID`) or, in cluster mode, from the agent's pod cache.
@@ -109,11 +113,30 @@ pub struct GcRequest {
     pub valid_attachments: Vec<AttachmentId>,
 }
 
+/// A DEL: the attachment, and what else the plugin knows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DelRequest {
+    #[serde(flatten)]
+    pub attachment: AttachmentId,
+    /// The StatefulSet's replica count (`ALLOT_OWNER=StatefulSet/name/replicas`): a pod whose
+    /// ordinal is at or past it was scaled away, and its address is released instead of kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_replicas: Option<u32>,
+    /// Unix seconds when the runtime issued the DEL, for a DEL replayed late from the plugin's
+    /// journal: claims made after it belong to a later ADD and are left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_at: Option<u64>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GcResponse {
     /// Addresses released.
     pub released: Vec<String>,
+    /// Claims seen leaked and waiting for a second look past the grace period.
+    #[serde(default)]
+    pub suspects: usize,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,6 +146,24 @@ pub struct StatusResponse {
     pub ready: bool,
     pub message: String,
     pub pools: Vec<PoolStatus>,
+    /// The configuration in force is not exactly what the files say (see `problems`).
+    #[serde(default)]
+    pub degraded: bool,
+    /// Objects whose observed version is not (entirely) in force, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<ConfigProblem>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigProblem {
+    /// `IPPool`, `Subnet`, `ReservedIP`, or `File` (a file that could not be read completely).
+    pub kind: String,
+    pub name: String,
+    /// `held-back` (the previous version stays in force), `left-out` (nothing in force),
+    /// `partial` (a ReservedIP reserving what could be read).
+    pub state: String,
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,6 +173,20 @@ pub struct PoolStatus {
     pub ip_version: u8,
     pub total: u64,
     pub free: u64,
+    /// Released addresses cooling down before reuse.
+    #[serde(default)]
+    pub cooling: u64,
+    /// `serving`, `disabled` (serves its claims, takes no new ones) or `terminating` (deleted or
+    /// edited while holding claims: serves them until released).
+    #[serde(default = "serving")]
+    pub state: String,
+    /// Claims a terminating version still serves.
+    #[serde(default)]
+    pub claims: u64,
+}
+
+fn serving() -> String {
+    "serving".into()
 }
 
 /// A failure, carrying the CNI error code the plugin reports.

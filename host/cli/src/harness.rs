@@ -145,6 +145,51 @@ fn compare_nic(
     inv: &Inventory,
     check: &mut impl FnMut(String, String, String),
 ) {
+    let expects_error = e.error.is_some() || e.error_kind.is_some();
+    match &nic.error {
+        Some(err) if expects_error => {
+            if let Some(text) = &e.error
+                && !err.message.contains(text.as_str())
+            {
+                check(
+                    format!("{iface} error"),
+                    format!("a message containing {text:?}"),
+                    err.message.clone(),
+                );
+            }
+            if let Some(kind) = &e.error_kind {
+                check(
+                    format!("{iface} error kind"),
+                    kind.clone(),
+                    err.kind.as_str().into(),
+                );
+            }
+            return;
+        }
+        Some(err) => {
+            check(
+                iface.to_string(),
+                "a decision".into(),
+                format!("error ({}): {}", err.kind.as_str(), err.message),
+            );
+            return;
+        }
+        None if expects_error => {
+            let expected = match (&e.error, &e.error_kind) {
+                (Some(text), _) => format!("an error containing {text:?}"),
+                (None, Some(kind)) => format!("an error of kind {kind}"),
+                (None, None) => unreachable!("expects_error"),
+            };
+            let actual: Vec<String> = nic
+                .families
+                .iter()
+                .map(|f| format!("{}: {}", f.family, show_list(&names(inv, &f.order))))
+                .collect();
+            check(format!("{iface} error"), expected, actual.join(", "));
+            return;
+        }
+        None => {}
+    }
     if let Some(families) = &e.families {
         let actual: Vec<String> = nic.families.iter().map(|f| f.family.to_string()).collect();
         check(
@@ -250,6 +295,15 @@ fn compare_family(
 fn summarize(inv: &Inventory, d: &Decision) -> String {
     let mut s = String::new();
     for nic in &d.nics {
+        if let Some(e) = &nic.error {
+            let _ = write!(
+                s,
+                "{} error ({}): {} ",
+                nic.interface,
+                e.kind.as_str(),
+                e.message
+            );
+        }
         for f in &nic.families {
             let _ = write!(
                 s,
@@ -279,6 +333,10 @@ pub fn explain(inv: &Inventory, req: &Request, result: &Result<Decision, PolicyE
     };
     for nic in &d.nics {
         let _ = writeln!(s, "interface {}", nic.interface);
+        if let Some(e) = &nic.error {
+            let _ = writeln!(s, "  error ({}): {}", e.kind.as_str(), e.message);
+            continue;
+        }
         if nic.clean_gateway {
             let _ = writeln!(s, "  clean gateway: yes");
         }
@@ -383,6 +441,7 @@ expect:
         let decision = Decision {
             nics: vec![allot_core::policy::NicDecision {
                 interface: "eth0".into(),
+                error: None,
                 clean_gateway: false,
                 routes: vec![],
                 families: vec![fd],

@@ -171,9 +171,10 @@ fn test(args: &PolicyArgs, paths: &[PathBuf], verbose: bool) -> anyhow::Result<E
         }
     }
     println!(
-        "policy {} (sha256 {})",
+        "policy {} (sha256 {}, allot:policy@{})",
         policy.name(),
-        &policy.sha256()[..16]
+        &policy.sha256()[..16],
+        policy.contract_version()
     );
     println!("{passed} passed, {failed} failed");
     Ok(if failed == 0 {
@@ -204,7 +205,12 @@ fn explain(args: &PolicyArgs, path: &std::path::Path, doc: usize) -> anyhow::Res
     if let Some(d) = &scenario.description {
         println!("  {}", d.trim());
     }
-    println!("policy {} (sha256 {})", policy.name(), policy.sha256());
+    println!(
+        "policy {} (sha256 {}, allot:policy@{})",
+        policy.name(),
+        policy.sha256(),
+        policy.contract_version()
+    );
     let req = &inputs.request;
     println!(
         "pod {}/{} on node {}, {} pools in the inventory",

@@ -161,6 +161,11 @@ pub struct Expect {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NicExpect {
+    /// The NIC fails with an error containing this text (the request's other NICs decide).
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub error_kind: Option<String>,
     #[serde(default)]
     pub families: Option<Vec<String>>,
     #[serde(default)]

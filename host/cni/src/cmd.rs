@@ -11,13 +11,13 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use allot_api::{AddRequest, GcRequest, GcResponse, IpamResult, StatusResponse, codes};
+use allot_api::{AddRequest, DelRequest, GcRequest, GcResponse, IpamResult, StatusResponse, codes};
 
 use crate::client::{CallError, Client};
 use crate::config::{self, CniVersion, Conf, IpamConf, SUPPORTED_VERSIONS};
 use crate::env::{CniEnv, Command};
 use crate::error::CniError;
-use crate::result;
+use crate::{journal, result};
 
 /// Default bound on the exchange with the agent, per verb (ipam `timeout_ms` overrides all).
 /// ADD may run conflict and gateway probes (three tries of 100 ms per address, plus retries on
@@ -256,9 +256,10 @@ fn add(env: &CniEnv, conf: &Conf, version: CniVersion) -> Result<String, CniErro
     result::render(&answer, version)
 }
 
-/// DEL never fails because the agent is down or stuck: the pod must be able to go away, and
-/// GC (the controller, or the runtime's GC verb) releases what this DEL could not. An answer
-/// from the agent, error or not, is reported as it is.
+/// DEL never fails because the agent is down or stuck: the pod must be able to go away. The
+/// DEL is remembered in the journal, and the agent replays it when it is back (GC, from the
+/// runtime or the controller, is the last resort). An answer from the agent, error or not, is
+/// reported as it is.
 fn del(env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<(), CniError> {
     let attachment = env.attachment()?;
     let ipam = config::ipam(conf)?;
@@ -271,22 +272,62 @@ fn del(env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<(), CniError> {
             ipam.describe_unknown()
         );
     }
+    // The replica count only decides keep-or-release; a malformed CNI_ARGS must not block DEL.
+    let owner_replicas = match env.cni_args() {
+        Ok(args) => args.owner_replicas,
+        Err(e) => {
+            let _ = writeln!(log, "allot: DEL: ignoring CNI_ARGS: {}", e.msg);
+            None
+        }
+    };
+    let request = DelRequest {
+        attachment,
+        owner_replicas,
+        issued_at: None,
+    };
     let client = client(Command::Del, &ipam);
-    match client.post(allot_api::DEL, &attachment) {
+    match client.post(allot_api::DEL, &request) {
         Ok(_) => Ok(()),
         Err(e) if e.is_transport() => {
-            let _ = writeln!(
-                log,
-                "allot: DEL {}/{}: {}; reporting success, GC will release the address later",
-                attachment.container_id,
-                attachment.if_name,
-                e.describe(&client.socket, client.timeout)
-            );
+            let why = e.describe(&client.socket, client.timeout);
+            let journaled = DelRequest {
+                issued_at: Some(unix_now()),
+                ..request
+            };
+            let id = &journaled.attachment;
+            match journal::record(&ipam.journal, &journaled) {
+                Ok(path) => {
+                    let _ = writeln!(
+                        log,
+                        "allot: DEL {}/{}: {why}; remembered in {} for the agent to replay",
+                        id.container_id,
+                        id.if_name,
+                        path.display()
+                    );
+                }
+                Err(j) => {
+                    let _ = writeln!(
+                        log,
+                        "allot: DEL {}/{}: {why}; cannot remember it in {} ({j}): GC will \
+                         release the address later",
+                        id.container_id,
+                        id.if_name,
+                        ipam.journal.display()
+                    );
+                }
+            }
             Ok(())
         }
         Err(CallError::Agent(e)) => Err(e),
         Err(e) => Err(CniError::io(e.describe(&client.socket, client.timeout))),
     }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn check(env: &CniEnv, conf: &Conf) -> Result<(), CniError> {
@@ -316,11 +357,10 @@ fn check(env: &CniEnv, conf: &Conf) -> Result<(), CniError> {
     }
 }
 
-/// STATUS: agent unreachable, not answering, or not ready → 50 (cannot serve ADD); up and
-/// ready but no free address in any pool → 51, as allot-api's `LIMITED_CONNECTIVITY` documents.
-/// (The spec words 51 as "not available, and existing containers may have limited
-/// connectivity"; exhaustion leaves existing pods untouched, so a strict reading would say 50.
-/// Runtimes treat both as "network not ready".) An `ErrorBody` from the agent passes through.
+/// STATUS: agent unreachable, not answering, or not ready → 50 (cannot serve ADD). Pools
+/// without free addresses are not a reason to fail: runtimes gate node readiness on STATUS, and
+/// marking a healthy node NotReady would evict its pods. Exhaustion fails the ADD (code 100)
+/// that meets it. An `ErrorBody` from the agent passes through.
 fn status(_env: &CniEnv, conf: &Conf) -> Result<(), CniError> {
     let ipam = config::ipam(conf)?;
     ipam.reject_unknown()?;
@@ -348,21 +388,6 @@ pub fn status_verdict(status: &StatusResponse) -> Result<(), CniError> {
             format!("allot-agent is not ready: {}", status.message)
         };
         return Err(CniError::new(codes::PLUGIN_NOT_AVAILABLE, msg));
-    }
-    // No pool at all cannot serve an ADD either.
-    if status.pools.iter().all(|p| p.free == 0) {
-        let details = status
-            .pools
-            .iter()
-            .map(|p| format!("{} (IPv{}): 0 of {} free", p.name, p.ip_version, p.total))
-            .collect::<Vec<_>>()
-            .join("; ");
-        let msg = if status.pools.is_empty() {
-            "allot-agent has no pools".to_string()
-        } else {
-            "no free address in any pool".to_string()
-        };
-        return Err(CniError::new(codes::LIMITED_CONNECTIVITY, msg).with_details(details));
     }
     Ok(())
 }
@@ -469,12 +494,60 @@ mod tests {
     }
 
     #[test]
-    fn del_with_a_missing_netns_and_no_agent_succeeds() {
+    fn del_with_a_missing_netns_and_no_agent_succeeds_and_is_journaled() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("gone.sock");
+        let journal = dir.path().join("journal");
         let conf = format!(
-            r#"{{"cniVersion":"1.0.0","name":"n","ipam":{{"type":"allot","socket":"{}","typo":1}}}}"#,
-            sock.display()
+            r#"{{"cniVersion":"1.0.0","name":"n","ipam":{{"type":"allot","socket":"{}","journal":"{}","typo":1}}}}"#,
+            sock.display(),
+            journal.display()
+        );
+        let del = |args: &str| {
+            run_with(
+                &[
+                    ("CNI_COMMAND", "DEL"),
+                    ("CNI_CONTAINERID", "c1"),
+                    ("CNI_IFNAME", "eth0"),
+                    ("CNI_ARGS", args),
+                ],
+                &conf,
+            )
+        };
+        let before = unix_now();
+        let (out, log) = del("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=db-2;ALLOT_OWNER=StatefulSet/db/2");
+        assert_eq!(
+            out,
+            Outcome {
+                stdout: None,
+                exit: 0
+            }
+        );
+        assert!(
+            log.contains("typo") && log.contains("remembered in"),
+            "{log}"
+        );
+        let entry: DelRequest =
+            serde_json::from_slice(&std::fs::read(journal.join("c1@eth0.json")).unwrap()).unwrap();
+        assert_eq!(entry.owner_replicas, Some(2));
+        assert!(entry.issued_at.unwrap() >= before);
+
+        // A malformed CNI_ARGS does not block DEL either.
+        let (out, log) = del("garbage");
+        assert_eq!(out.exit, 0);
+        assert!(log.contains("ignoring CNI_ARGS"), "{log}");
+    }
+
+    #[test]
+    fn del_that_cannot_be_journaled_still_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("gone.sock");
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"").unwrap();
+        let conf = format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","ipam":{{"type":"allot","socket":"{}","journal":"{}"}}}}"#,
+            sock.display(),
+            not_a_dir.display()
         );
         let (out, log) = run_with(
             &[
@@ -484,17 +557,8 @@ mod tests {
             ],
             &conf,
         );
-        assert_eq!(
-            out,
-            Outcome {
-                stdout: None,
-                exit: 0
-            }
-        );
-        assert!(
-            log.contains("typo") && log.contains("GC will release"),
-            "{log}"
-        );
+        assert_eq!(out.exit, 0);
+        assert!(log.contains("GC will release"), "{log}");
     }
 
     #[test]
@@ -514,6 +578,9 @@ mod tests {
             ip_version: 4,
             total: 10,
             free,
+            cooling: 0,
+            state: "serving".into(),
+            claims: 0,
         }
     }
 
@@ -523,6 +590,8 @@ mod tests {
             ready: true,
             message: String::new(),
             pools: vec![pool("a", 0), pool("b", 3)],
+            degraded: false,
+            problems: vec![],
         };
         assert!(status_verdict(&ok).is_ok());
         let e = status_verdict(&StatusResponse {
@@ -533,18 +602,23 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.code, codes::PLUGIN_NOT_AVAILABLE);
         assert!(e.msg.contains("loading pools"));
-        let e = status_verdict(&StatusResponse {
-            pools: vec![pool("a", 0), pool("b", 0)],
-            ..ok.clone()
-        })
-        .unwrap_err();
-        assert_eq!(e.code, codes::LIMITED_CONNECTIVITY);
-        assert!(e.details.contains("b (IPv4): 0 of 10 free"), "{e}");
-        let e = status_verdict(&StatusResponse {
-            pools: vec![],
-            ..ok
-        })
-        .unwrap_err();
-        assert_eq!(e.code, codes::LIMITED_CONNECTIVITY);
+        // Exhausted pools, no pools, a degraded configuration: the agent still serves (ADD
+        // fails with 100 where no address is left); the node stays Ready.
+        for status in [
+            StatusResponse {
+                pools: vec![pool("a", 0), pool("b", 0)],
+                ..ok.clone()
+            },
+            StatusResponse {
+                pools: vec![],
+                ..ok.clone()
+            },
+            StatusResponse {
+                degraded: true,
+                ..ok.clone()
+            },
+        ] {
+            assert!(status_verdict(&status).is_ok(), "{status:?}");
+        }
     }
 }

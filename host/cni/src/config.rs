@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use allot_api::{AttachmentId, DEFAULT_SOCKET};
+use allot_api::{AttachmentId, DEFAULT_JOURNAL, DEFAULT_SOCKET};
 use serde_json::{Map, Value};
 
 use crate::error::CniError;
@@ -124,6 +124,9 @@ pub struct IpamConf {
     /// `timeout_ms`: bound on the whole exchange with the agent (connect included), for every
     /// verb. Unset: each verb has its own default.
     pub timeout: Option<Duration>,
+    /// `journal`: the directory where a DEL the agent could not take is remembered for the
+    /// agent to replay (default `/var/lib/allot/journal`; the agent's `--journal`).
+    pub journal: PathBuf,
     /// Keys allot does not know, with their values rendered as JSON.
     pub unknown: Vec<(String, String)>,
 }
@@ -135,6 +138,7 @@ const IPAM_FIELDS: &[&str] = &[
     "default_ipv4_ippool",
     "default_ipv6_ippool",
     "timeout_ms",
+    "journal",
 ];
 
 /// `timeout_ms` above this is surely a mistake (ten minutes).
@@ -150,6 +154,7 @@ impl Default for IpamConf {
             default_ipv4_pools: Vec::new(),
             default_ipv6_pools: Vec::new(),
             timeout: None,
+            journal: PathBuf::from(DEFAULT_JOURNAL),
             unknown: Vec::new(),
         }
     }
@@ -211,6 +216,7 @@ pub fn ipam(conf: &Conf) -> Result<IpamConf, CniError> {
             "default_ipv4_ippool" => out.default_ipv4_pools = pool_list(key, value)?,
             "default_ipv6_ippool" => out.default_ipv6_pools = pool_list(key, value)?,
             "timeout_ms" => out.timeout = Some(timeout(value)?),
+            "journal" => out.journal = journal_dir(value)?,
             _ => out.unknown.push((key.clone(), value.to_string())),
         }
     }
@@ -236,6 +242,19 @@ fn socket_path(value: &Value) -> Result<PathBuf, CniError> {
         )));
     }
     Ok(PathBuf::from(s))
+}
+
+fn journal_dir(value: &Value) -> Result<PathBuf, CniError> {
+    match value {
+        Value::String(s) if s.starts_with('/') => Ok(PathBuf::from(s)),
+        Value::String(s) => Err(CniError::invalid_config(format!(
+            "ipam.journal {s:?} must be an absolute path"
+        ))),
+        other => Err(CniError::invalid_config(format!(
+            "ipam.journal must be a directory path (string), not {}",
+            kind(other)
+        ))),
+    }
 }
 
 /// A list of pool names (`null` is an empty list; a bare string is refused, as Spiderpool does).
@@ -421,7 +440,7 @@ mod tests {
         let c = conf(
             r#"{"cniVersion":"1.1.0","name":"n","type":"macvlan","master":"eth0",
                 "ipam":{"type":"allot","socket":"/tmp/a.sock","default_ipv4_ippool":["p1","p2"],
-                        "default_ipv6_ippool":["p6"],"timeout_ms":1500}}"#,
+                        "default_ipv6_ippool":["p6"],"timeout_ms":1500,"journal":"/run/j"}}"#,
         );
         let ipam = ipam(&c).unwrap();
         assert_eq!(
@@ -431,6 +450,7 @@ mod tests {
                 default_ipv4_pools: vec!["p1".into(), "p2".into()],
                 default_ipv6_pools: vec!["p6".into()],
                 timeout: Some(Duration::from_millis(1500)),
+                journal: "/run/j".into(),
                 unknown: vec![],
             }
         );

@@ -170,6 +170,9 @@ pub struct CniArgs {
     pub pod_uid: Option<String>,
     /// `ALLOT_OWNER=Kind/name`: the pod's top-level controller, for standalone mode.
     pub owner: Option<(String, String)>,
+    /// `ALLOT_OWNER=StatefulSet/name/replicas`: the set's replica count, so that a DEL of a
+    /// scaled-down ordinal releases its address instead of keeping it.
+    pub owner_replicas: Option<u32>,
 }
 
 /// Keys allot knows. `K8S_POD_INFRA_CONTAINER_ID` is what kubelet and Multus also send; it is
@@ -232,7 +235,11 @@ pub fn parse_cni_args(s: &str) -> Result<CniArgs, CniError> {
             "K8S_POD_NAMESPACE" => out.pod_namespace = non_empty(value),
             "K8S_POD_NAME" => out.pod_name = non_empty(value),
             "K8S_POD_UID" => out.pod_uid = non_empty(value),
-            "ALLOT_OWNER" => out.owner = Some(parse_owner(value)?),
+            "ALLOT_OWNER" => {
+                let (kind, name, replicas) = parse_owner(value)?;
+                out.owner = Some((kind, name));
+                out.owner_replicas = replicas;
+            }
             _ => {} // K8S_POD_INFRA_CONTAINER_ID
         }
     }
@@ -245,15 +252,29 @@ pub fn parse_cni_args(s: &str) -> Result<CniArgs, CniError> {
     Ok(out)
 }
 
-fn parse_owner(value: &str) -> Result<(String, String), CniError> {
-    match value.split_once('/') {
-        Some((kind, name)) if !kind.is_empty() && !name.is_empty() && !name.contains('/') => {
-            Ok((kind.to_owned(), name.to_owned()))
-        }
-        _ => Err(CniError::invalid_env(format!(
-            "CNI_ARGS ALLOT_OWNER={value:?} is not Kind/name (e.g. StatefulSet/db)"
-        ))),
+/// `Kind/name`, or `Kind/name/replicas`.
+fn parse_owner(value: &str) -> Result<(String, String, Option<u32>), CniError> {
+    let bad = || {
+        CniError::invalid_env(format!(
+            "CNI_ARGS ALLOT_OWNER={value:?} is not Kind/name or Kind/name/replicas (e.g. \
+             StatefulSet/db or StatefulSet/db/3)"
+        ))
+    };
+    let mut parts = value.split('/');
+    let (Some(kind), Some(name)) = (parts.next(), parts.next()) else {
+        return Err(bad());
+    };
+    if kind.is_empty() || name.is_empty() {
+        return Err(bad());
     }
+    let replicas = match parts.next() {
+        None => None,
+        Some(n) => Some(n.parse::<u32>().map_err(|_| bad())?),
+    };
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok((kind.to_owned(), name.to_owned(), replicas))
 }
 
 impl CniArgs {
@@ -391,6 +412,10 @@ mod tests {
         let pod = a.pod_identity().unwrap();
         assert_eq!(pod.owner_kind.as_deref(), Some("StatefulSet"));
         assert_eq!(pod.owner_name.as_deref(), Some("db"));
+        assert_eq!(a.owner_replicas, None);
+        let a = parse_cni_args("ALLOT_OWNER=StatefulSet/db/3").unwrap();
+        assert_eq!(a.owner, Some(("StatefulSet".into(), "db".into())));
+        assert_eq!(a.owner_replicas, Some(3));
         for bad in ["StatefulSet", "/db", "StatefulSet/", "a/b/c", ""] {
             let e = parse_cni_args(&format!("ALLOT_OWNER={bad}")).unwrap_err();
             assert_eq!(e.code, codes::INVALID_ENVIRONMENT);

@@ -11,4 +11,5 @@ pub mod cmd;
 pub mod config;
 pub mod env;
 pub mod error;
+pub mod journal;
 pub mod result;

@@ -178,6 +178,24 @@ impl AddrSet {
         Ok(Self::from_ranges(family, ranges))
     }
 
+    /// Parses what it can: the set of the entries that parse (and are of `family`), and an
+    /// error for each entry that does not. For fail-safe loading: a ReservedIP with one typo
+    /// still reserves everything else it lists.
+    pub fn parse_entries_lenient<S: AsRef<str>>(
+        family: IpFamily,
+        entries: &[S],
+    ) -> (Self, Vec<AddrError>) {
+        let mut set = AddrSet::empty(family);
+        let mut errors = Vec::new();
+        for entry in entries {
+            match Self::parse_entries(family, std::slice::from_ref(entry)) {
+                Ok(one) => set = set.union(&one),
+                Err(e) => errors.push(e),
+            }
+        }
+        (set, errors)
+    }
+
     fn from_ranges(family: IpFamily, mut ranges: Vec<(u128, u128)>) -> Self {
         ranges.sort_unstable();
         let mut merged: Vec<(u128, u128)> = Vec::with_capacity(ranges.len());

@@ -1,33 +1,44 @@
 //! The allocation engine: policy → ordered pools → free address → atomic claim.
 //!
 //! Generic over [`Store`] (where claims live) and [`Policy`] (which pools, in which order).
-//! In-memory state is only an index of free addresses per pool, rebuilt from the store on start
-//! and on every inventory change; the store is the truth. Lifecycle (DESIGN.md):
+//! In-memory state is an index of free addresses per pool, built from a store snapshot and kept
+//! true by the store's change feed (so that agents and tools sharing one store see each other's
+//! claims and releases), with a periodic full resync as a safety net; the store is the truth.
+//! Lifecycle (DESIGN.md):
 //!
 //! * ADD is idempotent per attachment (container ID, interface): an attachment that holds
-//!   claims gets the same addresses again. A StatefulSet pod gets its kept address back while the
-//!   pool is still among its candidates. Otherwise the policy orders the pools and the engine
-//!   takes the next free address of the first pool with room, per family, and claims all
-//!   families of the NIC in one atomic batch (all or nothing).
+//!   claims gets the same addresses again, and a retry completes any family it lacks. A
+//!   StatefulSet pod gets its kept address back while the pool is still among its candidates.
+//!   Otherwise the policy orders the pools and the engine takes the next free address of the
+//!   first pool with room, per family, and claims all families of the NIC (kept ones included)
+//!   in one atomic batch.
 //! * DEL releases what the attachment holds (a StatefulSet pod's addresses are kept, detached,
-//!   for its next ADD); idempotent.
-//! * GC releases every claim whose attachment is not listed as valid.
+//!   for its next ADD, unless the set was scaled below its ordinal); idempotent. A released
+//!   address cools down before it is handed out again.
+//! * GC releases claims of a network that no valid attachment holds, once seen leaked twice past
+//!   a grace period ([`crate::gc`]); kept StatefulSet addresses expire after a keep time.
 
-use std::collections::{BTreeSet, HashMap};
+mod inventory;
+mod release;
+mod state;
+
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::IpNet;
 
-use crate::addr::{AddrSet, IpFamily, addr_to_u128};
-use crate::free::FreeIndex;
+use crate::addr::IpFamily;
+use crate::gc::Suspects;
 use crate::policy::{
-    CniDefaults, Decision, FamilyDecision, Inventory, NamespaceInfo, Nic, NodeInfo, PodInfo,
-    Policy, PolicyError, Request, describe_drop,
+    CniDefaults, Decision, DropReason, FamilyDecision, Inventory, NamespaceInfo, Nic, NodeInfo,
+    PodInfo, Policy, PolicyError, PolicyErrorKind, PoolRef, Request, describe_drop,
 };
-use crate::pool::{Pool, Reserved, Route, Subnet, reserved_set};
-use crate::store::{Attachment, Claim, PodRef, Store, StoreError};
+use crate::pool::{Pool, Reserved, Route, Subnet};
+use crate::store::{Attachment, Claim, Clock, PodRef, Reattach, Store, StoreError, system_clock};
+
+use state::State;
 
 /// How often a lost create-if-absent race is retried with another address before giving up.
 const CONFLICT_RETRIES: usize = 16;
@@ -35,6 +46,33 @@ const CONFLICT_RETRIES: usize = 16;
 /// Locks serialising ADD, DEL and CHECK of one attachment (runtimes do retry and race
 /// themselves); striped so that memory does not grow with the number of attachments.
 const ATTACHMENT_STRIPES: usize = 64;
+
+/// Time-related behaviour, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// A released address stays out of the free index this long (Calico's
+    /// `IPCooldownSeconds`): neighbours' ARP caches may still point at the old pod.
+    pub cooldown: u64,
+    /// GC releases a claim only after seeing it leaked twice at least this far apart, and never
+    /// a claim younger than this.
+    pub gc_grace: u64,
+    /// A StatefulSet pod's address kept after DEL is released when the pod has not come back
+    /// within this time.
+    pub stateful_keep: u64,
+    /// The index is rebuilt from a store snapshot this often, whatever the change feed said.
+    pub resync: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            cooldown: 30,
+            gc_grace: 60,
+            stateful_keep: 24 * 3600,
+            resync: 300,
+        }
+    }
+}
 
 /// One ADD: an attachment of a pod on a node.
 #[derive(Clone, Debug)]
@@ -47,6 +85,28 @@ pub struct AddRequest {
     pub node: NodeInfo,
     pub multus_name: String,
     pub cni_defaults: CniDefaults,
+}
+
+/// One DEL.
+#[derive(Clone, Debug)]
+pub struct DelRequest {
+    pub attachment: Attachment,
+    /// The StatefulSet's replica count, when the caller knows it: a pod whose ordinal is at or
+    /// past it is gone for good, and its address is released instead of kept.
+    pub owner_replicas: Option<u32>,
+    /// When the DEL was issued (unix seconds), for a DEL replayed late (from the plugin's
+    /// journal): claims made after it belong to a later ADD and are left alone.
+    pub issued_at: Option<u64>,
+}
+
+impl DelRequest {
+    pub fn new(attachment: Attachment) -> Self {
+        DelRequest {
+            attachment,
+            owner_replicas: None,
+            issued_at: None,
+        }
+    }
 }
 
 /// An address handed to an attachment.
@@ -72,6 +132,8 @@ pub struct AddOutcome {
     pub routes: Vec<Route>,
     /// The attachment already held these addresses (a retried ADD).
     pub repeated: bool,
+    /// Addresses this call claimed (the others it held already, or took back).
+    pub claimed: Vec<IpAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -101,177 +163,123 @@ pub enum AllocError {
     NotLoaded,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{kind} {name} is defined twice: rename one")]
+    Duplicate { kind: &'static str, name: String },
+    #[error("reading claims: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Whether a pool takes new allocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolState {
+    Serving,
+    /// `disable: true`: serves its claims, takes no new ones.
+    Disabled,
+    /// Deleted (or edited away) while it still holds claims, or marked for deletion: serves its
+    /// claims until they are released, takes no new ones.
+    Terminating,
+}
+
+impl PoolState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolState::Serving => "serving",
+            PoolState::Disabled => "disabled",
+            PoolState::Terminating => "terminating",
+        }
+    }
+}
+
 /// Usage of one pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolUsage {
     pub name: String,
     pub family: IpFamily,
+    /// Assignable addresses (0 for a retired version).
     pub total: u64,
     pub free: u64,
+    /// Released addresses cooling down (neither free nor claimed).
+    pub cooling: u64,
+    /// Claims a retired version still serves.
+    pub claims: u64,
+    pub state: PoolState,
 }
 
-struct PoolEntry {
-    pool: Pool,
-    assignable: AddrSet,
-    index: FreeIndex,
+/// What one GC look did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub released: Vec<Claim>,
+    /// Claims seen leaked, waiting for their second sighting past the grace period.
+    pub suspects: usize,
 }
 
-struct State {
-    inventory: Arc<Inventory>,
-    /// By inventory order (name order).
-    pools: Vec<PoolEntry>,
-    by_name: HashMap<String, usize>,
-    /// (first, last, pool index) over every pool's assignable ranges, sorted: finds the pool of
-    /// an address in O(log ranges).
-    ranges: Vec<(u128, u128, IpFamily, usize)>,
-    loaded: bool,
-}
-
-impl State {
-    fn empty() -> Self {
-        State {
-            inventory: Arc::new(Inventory::default()),
-            pools: Vec::new(),
-            by_name: HashMap::new(),
-            ranges: Vec::new(),
-            loaded: false,
-        }
-    }
-
-    fn locate(&self, addr: IpAddr) -> Option<usize> {
-        let family = IpFamily::of(addr);
-        let n = addr_to_u128(addr);
-        let i = self
-            .ranges
-            .partition_point(|&(lo, _, f, _)| (f, lo) <= (family, n));
-        let &(lo, hi, f, pool) = self.ranges.get(i.checked_sub(1)?)?;
-        (f == family && lo <= n && n <= hi).then_some(pool)
-    }
-
-    /// Returns an address to its pool's index, if it still belongs to one.
-    fn give_back(&mut self, addr: IpAddr) {
-        if let Some(i) = self.locate(addr) {
-            self.pools[i].index.insert(addr);
-        }
-    }
-
-    fn free_counts(&self) -> Vec<u64> {
-        self.pools.iter().map(|p| p.index.free_count()).collect()
-    }
+/// What was last installed, to tell a real change from a reload of the same objects.
+#[derive(Default)]
+struct Installed {
+    pools: Vec<Pool>,
+    subnets: Vec<Subnet>,
+    reserved: Vec<Reserved>,
+    generation: u64,
+    last_resync: u64,
 }
 
 pub struct Engine<S, P> {
     store: S,
     policy: P,
+    config: EngineConfig,
+    clock: Clock,
     state: Mutex<State>,
+    /// Serialises installs and resyncs (which build without holding `state`).
+    installed: Mutex<Installed>,
+    suspects: Mutex<Suspects>,
     attachment_locks: Vec<Mutex<()>>,
 }
 
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<S: Store, P: Policy> Engine<S, P> {
     pub fn new(store: S, policy: P) -> Self {
+        Self::with_config(store, policy, EngineConfig::default(), system_clock())
+    }
+
+    pub fn with_config(store: S, policy: P, config: EngineConfig, clock: Clock) -> Self {
         Engine {
             store,
             policy,
-            state: Mutex::new(State::empty()),
+            config,
+            clock,
+            state: Mutex::new(State::empty(config.cooldown)),
+            installed: Mutex::new(Installed::default()),
+            suspects: Mutex::new(Suspects::new()),
             attachment_locks: (0..ATTACHMENT_STRIPES).map(|_| Mutex::new(())).collect(),
         }
     }
 
-    fn lock_attachment(&self, attachment: &Attachment) -> std::sync::MutexGuard<'_, ()> {
+    fn lock_attachment(&self, attachment: &Attachment) -> MutexGuard<'_, ()> {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         attachment.hash(&mut h);
-        self.attachment_locks[h.finish() as usize % ATTACHMENT_STRIPES]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        lock(&self.attachment_locks[h.finish() as usize % ATTACHMENT_STRIPES])
     }
 
     pub fn store(&self) -> &S {
         &self.store
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn config(&self) -> EngineConfig {
+        self.config
     }
 
-    /// Installs a new inventory (checked pools, subnets, reservations) and rebuilds the free
-    /// indexes from the store. Claims are never dropped: an address claimed in a pool that no
-    /// longer lists it simply stays out of every index.
-    pub fn load(
-        &self,
-        pools: Vec<Pool>,
-        subnets: Vec<Subnet>,
-        reserved: Vec<Reserved>,
-    ) -> Result<(), StoreError> {
-        let generation = self.state().inventory.generation + 1;
-        let inventory = Arc::new(Inventory::build(generation, &pools, &subnets, &reserved));
-        let reserved_v4 = reserved_set(IpFamily::V4, &reserved);
-        let reserved_v6 = reserved_set(IpFamily::V6, &reserved);
-        let mut by_pool: HashMap<String, Pool> = pools
-            .into_iter()
-            .map(|p| (p.meta.name.clone(), p))
-            .collect();
-        let mut entries = Vec::with_capacity(inventory.pools.len());
-        let mut ranges = Vec::new();
-        for (i, ip) in inventory.pools.iter().enumerate() {
-            let pool = by_pool
-                .remove(&ip.name)
-                .expect("the inventory is built from these pools");
-            let reserved = match pool.family {
-                IpFamily::V4 => &reserved_v4,
-                IpFamily::V6 => &reserved_v6,
-            };
-            let assignable = pool.assignable(reserved);
-            for (lo, hi) in assignable.ranges() {
-                ranges.push((addr_to_u128(lo), addr_to_u128(hi), pool.family, i));
-            }
-            entries.push(PoolEntry {
-                index: FreeIndex::new(&assignable),
-                assignable,
-                pool,
-            });
-        }
-        ranges.sort_unstable_by_key(|&(lo, _, f, _)| (f, lo));
-        let mut state = State {
-            by_name: entries
-                .iter()
-                .enumerate()
-                .map(|(i, e)| (e.pool.meta.name.clone(), i))
-                .collect(),
-            inventory,
-            pools: entries,
-            ranges,
-            loaded: true,
-        };
-        // Hold the lock while reading claims so that no ADD or DEL interleaves with the rebuild.
-        let mut current = self.state();
-        for claim in self.store.all()? {
-            if let Some(i) = state.locate(claim.address) {
-                state.pools[i].index.remove(claim.address);
-            }
-        }
-        *current = state;
-        Ok(())
+    fn now(&self) -> u64 {
+        (self.clock)()
     }
 
-    pub fn usage(&self) -> Vec<PoolUsage> {
-        self.state()
-            .pools
-            .iter()
-            .map(|p| PoolUsage {
-                name: p.pool.meta.name.clone(),
-                family: p.pool.family,
-                total: p.assignable.len(),
-                free: p.index.free_count(),
-            })
-            .collect()
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
     }
 
     pub fn is_loaded(&self) -> bool {
@@ -301,29 +309,75 @@ impl<S: Store, P: Policy> Engine<S, P> {
             (state.inventory.clone(), state.free_counts())
         };
         let request = self.policy_request(req, free_counts);
-        let decision = self
-            .policy
-            .decide(&inventory, &request)
-            .map_err(AllocError::Policy)?;
+        let blame = |e: PolicyError| {
+            AllocError::Policy(match e.kind {
+                PolicyErrorKind::BadOutput => PolicyError::new(
+                    e.kind,
+                    format!("policy {}: {}", self.policy.name(), e.message),
+                ),
+                _ => e,
+            })
+        };
+        let decision = self.policy.decide(&inventory, &request).map_err(blame)?;
+        // Whatever policy decided, the host checks the decision itself.
+        decision.validate(&inventory, &request).map_err(blame)?;
         Ok((inventory, request, decision))
     }
 
     pub fn add(&self, req: &AddRequest) -> Result<AddOutcome, AllocError> {
         let _serial = self.lock_attachment(&req.attachment);
+        self.sync().map_err(load_to_alloc)?;
         let held = self.store.claims_of(&req.attachment)?;
+        let decided = self.decide(req);
         if !held.is_empty() {
-            // A retried ADD: the same addresses. Routes come from a fresh decision when the
-            // policy still gives one (the routes annotation), else from the pools alone.
-            let decision = self.decide(req).ok().map(|(_, _, d)| d);
-            return Ok(self.outcome(&held, decision.as_ref(), true));
+            // A retried ADD: the same addresses, plus any family the attachment lacks. Without a
+            // decision it cannot tell what is missing: what is held is returned as it is.
+            let Ok((inventory, request, decision)) = decided else {
+                return Ok(self.outcome(&held, None, true, Vec::new()));
+            };
+            if decision.nics.first().is_none_or(|n| n.error.is_some()) {
+                // The policy cannot serve the NIC now (e.g. its pool was deleted): what it holds
+                // keeps serving; nothing new is claimed.
+                return Ok(self.outcome(&held, None, true, Vec::new()));
+            }
+            let mut all = held;
+            let claimed = self.allocate(req, &inventory, &request, &decision, &mut all)?;
+            let repeated = claimed.is_empty();
+            return Ok(self.outcome(&all, Some(&decision), repeated, claimed));
         }
-        let (inventory, request, decision) = self.decide(req)?;
+        let (inventory, request, decision) = decided?;
+        let mut all = Vec::new();
+        let claimed = self.allocate(req, &inventory, &request, &decision, &mut all)?;
+        Ok(self.outcome(&all, Some(&decision), false, claimed))
+    }
+
+    /// Claims every family the decision wants and `held` lacks, atomically (kept StatefulSet
+    /// addresses taken back in the same batch), appending to `held`. Returns the fresh addresses.
+    fn allocate(
+        &self,
+        req: &AddRequest,
+        inventory: &Inventory,
+        request: &Request,
+        decision: &Decision,
+        held: &mut Vec<Claim>,
+    ) -> Result<Vec<IpAddr>, AllocError> {
         let nic = decision
             .nics
             .first()
             .ok_or_else(|| AllocError::NothingDecided(req.attachment.interface.clone()))?;
+        if let Some(error) = &nic.error {
+            return Err(AllocError::Policy(error.clone()));
+        }
         if nic.families.is_empty() {
             return Err(AllocError::NothingDecided(req.attachment.interface.clone()));
+        }
+        let wanted: Vec<&FamilyDecision> = nic
+            .families
+            .iter()
+            .filter(|f| !held.iter().any(|c| IpFamily::of(c.address) == f.family))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
         }
         let pod = PodRef {
             namespace: req.pod.namespace.clone(),
@@ -332,129 +386,128 @@ impl<S: Store, P: Policy> Engine<S, P> {
             owner_kind: req.pod.owner.as_ref().map(|o| o.kind.clone()),
             owner_name: req.pod.owner.as_ref().map(|o| o.name.clone()),
         };
-
-        // A StatefulSet pod takes back the address kept for it, per family, when its pool is
-        // still among the candidates the policy ordered.
-        let mut reattached: Vec<Claim> = Vec::new();
         if pod.is_stateful() {
-            // A StatefulSet has at most one pod of a name: an older sandbox of this pod still
-            // holding this interface is dead or dying (its DEL may come late). Take its
-            // addresses over; its late DEL then finds nothing to release.
-            let older: BTreeSet<Attachment> = self
-                .store
-                .all()?
-                .into_iter()
-                .filter(|c| c.pod.namespace == pod.namespace && c.pod.name == pod.name)
-                .filter_map(|c| c.attachment)
-                .filter(|a| a.interface == req.attachment.interface && *a != req.attachment)
-                .collect();
-            for old in &older {
-                self.store.detach(old, now())?;
-            }
-            let kept = self.store.detached_of(&pod.namespace, &pod.name)?;
-            for fam in &nic.families {
-                // Still a candidate: ordered, or dropped only for being full (the kept address
-                // is part of why it is full).
-                let exhausted = fam.dropped.iter().filter_map(|d| match d.pool {
-                    crate::policy::PoolRef::Index(i)
-                        if d.reason == crate::policy::DropReason::Exhausted =>
-                    {
-                        Some(i)
-                    }
-                    _ => None,
-                });
-                let orderable: BTreeSet<&str> = fam
-                    .order
-                    .iter()
-                    .copied()
-                    .chain(exhausted)
-                    .map(|i| inventory.pools[i as usize].name.as_str())
-                    .collect();
-                let Some(k) = kept.iter().find(|c| {
-                    IpFamily::of(c.address) == fam.family && orderable.contains(c.pool.as_str())
-                }) else {
-                    continue;
-                };
-                match self.store.reattach(k.address, &pod, &req.attachment, now()) {
-                    Ok(claim) => reattached.push(claim),
-                    Err(StoreError::Stale(_)) => {}
-                    Err(e) => {
-                        self.undo_reattach(&req.attachment, &reattached);
-                        return Err(e.into());
-                    }
-                }
-            }
+            self.take_over_older_sandboxes(&pod, &req.attachment)?;
         }
-
-        let fresh_families: Vec<&FamilyDecision> = nic
-            .families
-            .iter()
-            .filter(|f| {
-                !reattached
-                    .iter()
-                    .any(|c| IpFamily::of(c.address) == f.family)
-            })
-            .collect();
-        let mut conflicts = 0;
-        let fresh = loop {
-            let picks = match self.pick(&inventory, &request, &nic.interface, &fresh_families) {
-                Ok(p) => p,
-                Err(e) => {
-                    self.undo_reattach(&req.attachment, &reattached);
-                    return Err(e);
-                }
+        let mut lost = 0;
+        loop {
+            let now = self.now();
+            let reattach = if pod.is_stateful() {
+                self.kept_for(&pod, req, inventory, &wanted, now)?
+            } else {
+                Vec::new()
             };
+            let fresh_families: Vec<&FamilyDecision> = wanted
+                .iter()
+                .copied()
+                .filter(|f| !reattach.iter().any(|r| IpFamily::of(r.address) == f.family))
+                .collect();
+            let picks = self.pick(inventory, request, &nic.interface, &fresh_families)?;
             let claims: Vec<Claim> = picks
                 .iter()
-                .map(|(addr, pool)| Claim {
-                    address: *addr,
+                .map(|(address, pool)| Claim {
+                    address: *address,
                     pool: pool.clone(),
                     network: req.network.clone(),
                     attachment: Some(req.attachment.clone()),
                     pod: pod.clone(),
-                    updated_at: now(),
+                    updated_at: now,
                 })
                 .collect();
-            match self.store.claim(&claims) {
-                Ok(()) => break claims,
-                Err(StoreError::Conflict(taken)) => {
-                    // Someone else (another agent sharing the store) holds `taken`: keep it out
-                    // of the index, return the rest, try again.
-                    let mut state = self.state();
-                    for (addr, _) in &picks {
-                        if *addr != taken {
-                            state.give_back(*addr);
-                        }
+            let result = self.store.claim_batch(&claims, &reattach);
+            let mut state = self.state();
+            match result {
+                Ok(reattached) => {
+                    for c in &claims {
+                        state.committed(c.address);
                     }
                     drop(state);
-                    conflicts += 1;
-                    if conflicts >= CONFLICT_RETRIES {
-                        self.undo_reattach(&req.attachment, &reattached);
-                        return Err(AllocError::Contended(conflicts));
+                    held.extend(reattached);
+                    held.extend(claims.iter().cloned());
+                    held.sort_by_key(|c| IpFamily::of(c.address));
+                    return Ok(claims.iter().map(|c| c.address).collect());
+                }
+                Err(e @ (StoreError::Conflict(_) | StoreError::Stale(_))) => {
+                    // Someone else (another agent sharing the store) holds an address we took,
+                    // or took back a kept one: keep it out, learn what else changed, try again.
+                    for c in &claims {
+                        state.untake(c.address, e == StoreError::Conflict(c.address));
                     }
+                    drop(state);
+                    lost += 1;
+                    if lost >= CONFLICT_RETRIES {
+                        return Err(AllocError::Contended(lost));
+                    }
+                    self.sync().map_err(load_to_alloc)?;
                 }
                 Err(e) => {
-                    let mut state = self.state();
-                    for (addr, _) in &picks {
-                        state.give_back(*addr);
+                    for c in &claims {
+                        state.untake(c.address, false);
                     }
-                    drop(state);
-                    self.undo_reattach(&req.attachment, &reattached);
                     return Err(e.into());
                 }
             }
-        };
-        let mut all = reattached;
-        all.extend(fresh);
-        all.sort_by_key(|c| IpFamily::of(c.address));
-        Ok(self.outcome(&all, Some(&decision), false))
+        }
     }
 
-    fn undo_reattach(&self, attachment: &Attachment, reattached: &[Claim]) {
-        if !reattached.is_empty() {
-            // Best effort: put the kept addresses back to "kept" so a retry finds them again.
-            let _ = self.store.detach(attachment, now());
+    /// A StatefulSet has at most one pod of a name: an older sandbox of this pod still holding
+    /// this interface is dead or dying (its DEL may come late). Its addresses are kept for the
+    /// pod; its late DEL then finds nothing to release.
+    fn take_over_older_sandboxes(
+        &self,
+        pod: &PodRef,
+        attachment: &Attachment,
+    ) -> Result<(), AllocError> {
+        let older: BTreeSet<Attachment> = self
+            .store
+            .claims_of_pod(&pod.namespace, &pod.name)?
+            .into_iter()
+            .filter_map(|c| c.attachment)
+            .filter(|a| a.interface == attachment.interface && a != attachment)
+            .collect();
+        for old in &older {
+            self.store.detach(old, self.now())?;
         }
+        Ok(())
+    }
+
+    /// The kept addresses a StatefulSet pod takes back, per family, when their pool is still
+    /// among the candidates the policy ordered (or dropped only for being full: the kept
+    /// address is part of why it is full).
+    fn kept_for(
+        &self,
+        pod: &PodRef,
+        req: &AddRequest,
+        inventory: &Inventory,
+        wanted: &[&FamilyDecision],
+        now: u64,
+    ) -> Result<Vec<Reattach>, AllocError> {
+        let kept = self.store.detached_of(&pod.namespace, &pod.name)?;
+        let mut out = Vec::new();
+        for fam in wanted {
+            let exhausted = fam.dropped.iter().filter_map(|d| match d.pool {
+                PoolRef::Index(i) if d.reason == DropReason::Exhausted => Some(i),
+                _ => None,
+            });
+            let orderable: BTreeSet<&str> = fam
+                .order
+                .iter()
+                .copied()
+                .chain(exhausted)
+                .map(|i| inventory.pools[i as usize].name.as_str())
+                .collect();
+            if let Some(k) = kept.iter().find(|c| {
+                IpFamily::of(c.address) == fam.family && orderable.contains(c.pool.as_str())
+            }) {
+                out.push(Reattach {
+                    address: k.address,
+                    pod: pod.clone(),
+                    attachment: req.attachment.clone(),
+                    now,
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// Takes one free address per family from the first pool of its order with room.
@@ -471,11 +524,16 @@ impl<S: Store, P: Policy> Engine<S, P> {
             let mut got = None;
             for &i in &fam.order {
                 let name = &inventory.pools[i as usize].name;
-                // The inventory may have been replaced since the decision: go by name.
+                // The inventory may have been replaced since the decision: go by name, and
+                // skip a pool that has since been disabled or marked for deletion.
                 let Some(&entry) = state.by_name.get(name) else {
                     continue;
                 };
-                if let Some(addr) = state.pools[entry].index.take_next() {
+                let pool = &state.pools[entry].pool;
+                if pool.spec.disable || pool.terminating() || pool.family != fam.family {
+                    continue;
+                }
+                if let Some(addr) = state.take(entry) {
                     got = Some((addr, name.clone()));
                     break;
                 }
@@ -484,7 +542,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
                 Some(p) => picks.push(p),
                 None => {
                     for (addr, _) in &picks {
-                        state.give_back(*addr);
+                        state.untake(*addr, false);
                     }
                     return Err(no_pool_fits(inventory, request, interface, fam));
                 }
@@ -493,20 +551,24 @@ impl<S: Store, P: Policy> Engine<S, P> {
         Ok(picks)
     }
 
-    fn outcome(&self, claims: &[Claim], decision: Option<&Decision>, repeated: bool) -> AddOutcome {
+    fn outcome(
+        &self,
+        claims: &[Claim],
+        decision: Option<&Decision>,
+        repeated: bool,
+        claimed: Vec<IpAddr>,
+    ) -> AddOutcome {
         let nic = decision.and_then(|d| d.nics.first());
         let clean_gateway = nic.is_some_and(|n| n.clean_gateway);
         let state = self.state();
         let mut allocations = Vec::with_capacity(claims.len());
         let mut routes: Vec<Route> = Vec::new();
         for claim in claims {
-            let pool = state
-                .by_name
-                .get(&claim.pool)
-                .map(|&i| &state.pools[i].pool);
+            let pool = state.pool_of_claim(&claim.pool, claim.address);
             let (subnet, gateway) = match pool {
                 Some(p) => (p.subnet, p.gateway),
-                // The pool is gone from the inventory: report the bare address.
+                // No version of the pool is known (deleted while the agent was down): report
+                // the bare address.
                 None => (IpNet::from(claim.address), None),
             };
             let gateway = gateway.filter(|_| !clean_gateway);
@@ -546,65 +608,15 @@ impl<S: Store, P: Policy> Engine<S, P> {
             allocations,
             routes,
             repeated,
+            claimed,
         }
     }
+}
 
-    /// Releases what `attachment` holds; a StatefulSet pod's addresses are kept (detached) for
-    /// its next ADD. Idempotent. Returns the addresses released or kept.
-    pub fn del(&self, attachment: &Attachment) -> Result<Vec<Claim>, AllocError> {
-        let _serial = self.lock_attachment(attachment);
-        let held = self.store.claims_of(attachment)?;
-        if held.is_empty() {
-            return Ok(Vec::new());
-        }
-        if held.iter().any(|c| c.pod.is_stateful()) {
-            return Ok(self.store.detach(attachment, now())?);
-        }
-        let released = self.store.release_attachment(attachment)?;
-        let mut state = self.state();
-        for c in &released {
-            state.give_back(c.address);
-        }
-        Ok(released)
-    }
-
-    /// What `attachment` holds, or [`AllocError::UnknownAttachment`].
-    pub fn check(&self, attachment: &Attachment) -> Result<AddOutcome, AllocError> {
-        let _serial = self.lock_attachment(attachment);
-        let held = self.store.claims_of(attachment)?;
-        if held.is_empty() {
-            return Err(AllocError::UnknownAttachment(attachment.clone()));
-        }
-        Ok(self.outcome(&held, None, true))
-    }
-
-    /// Releases every claim of `network` whose attachment is not in `valid` (detached ones
-    /// included). Claims of other networks are left alone: a runtime collects one network at a
-    /// time.
-    pub fn gc(
-        &self,
-        network: &str,
-        valid: &BTreeSet<Attachment>,
-    ) -> Result<Vec<Claim>, AllocError> {
-        let mut released = Vec::new();
-        for claim in self.store.all()? {
-            if claim.network != network {
-                continue;
-            }
-            let keep = claim.attachment.as_ref().is_some_and(|a| valid.contains(a));
-            if !keep
-                && self
-                    .store
-                    .release(claim.address, claim.attachment.as_ref())?
-            {
-                released.push(claim);
-            }
-        }
-        let mut state = self.state();
-        for c in &released {
-            state.give_back(c.address);
-        }
-        Ok(released)
+fn load_to_alloc(e: LoadError) -> AllocError {
+    match e {
+        LoadError::Store(e) => AllocError::Store(e),
+        LoadError::Duplicate { .. } => AllocError::Store(StoreError::Backend(e.to_string())),
     }
 }
 
@@ -626,8 +638,8 @@ fn no_pool_fits(
     let mut reasons = Vec::new();
     for d in &fam.dropped {
         let pool = match &d.pool {
-            crate::policy::PoolRef::Index(i) => name(*i).to_string(),
-            crate::policy::PoolRef::Missing(n) => n.clone(),
+            PoolRef::Index(i) => name(*i).to_string(),
+            PoolRef::Missing(n) => n.clone(),
         };
         let why = describe_drop(inventory, request, interface, d);
         let _ = writeln!(trace, "dropped {pool}: {} ({why})", d.reason);

@@ -4,8 +4,10 @@
 //! it is unit-tested in microseconds and shared by every adapter and binary.
 
 pub mod addr;
+pub mod config;
 pub mod engine;
 pub mod free;
+pub mod gc;
 pub mod policy;
 pub mod pool;
 pub mod spec;

@@ -293,6 +293,9 @@ pub struct FamilyDecision {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NicDecision {
     pub interface: String,
+    /// The policy cannot serve this NIC (e.g. the pod names a pool that does not exist): its
+    /// allocation fails with this error; the other fields are empty. Other NICs are unaffected.
+    pub error: Option<PolicyError>,
     pub clean_gateway: bool,
     pub routes: Vec<RouteSpec>,
     pub families: Vec<FamilyDecision>,
@@ -368,6 +371,11 @@ pub trait Policy: Send + Sync {
         inventory: &Arc<Inventory>,
         request: &Request,
     ) -> Result<Decision, PolicyError>;
+
+    /// The policy's name, for errors that blame it.
+    fn name(&self) -> String {
+        "policy".to_string()
+    }
 }
 
 impl<P: Policy + ?Sized> Policy for Arc<P> {
@@ -377,6 +385,10 @@ impl<P: Policy + ?Sized> Policy for Arc<P> {
         request: &Request,
     ) -> Result<Decision, PolicyError> {
         (**self).decide(inventory, request)
+    }
+
+    fn name(&self) -> String {
+        (**self).name()
     }
 }
 
@@ -406,6 +418,21 @@ impl Decision {
                     "policy answered for interface {:?} where {:?} was asked",
                     truncate(&nic.interface, 64),
                     asked.interface
+                ));
+            }
+            if nic.error.is_some() && !(nic.families.is_empty() && nic.routes.is_empty()) {
+                return bad(format!(
+                    "policy failed interface {} but also decided pools or routes for it",
+                    nic.interface
+                ));
+            }
+            if let Some(error) = &nic.error
+                && error.message.len() > MAX_DETAIL_BYTES
+            {
+                return bad(format!(
+                    "policy returned an error message of {} bytes for interface {}",
+                    error.message.len(),
+                    nic.interface
                 ));
             }
             if nic.routes.len() > MAX_ROUTES {
@@ -459,12 +486,24 @@ impl Decision {
                             inventory.pools[i as usize].name
                         ));
                     }
-                    if inventory.pools[i as usize].family != fam.family {
+                    let pool = &inventory.pools[i as usize];
+                    if pool.family != fam.family {
                         return bad(format!(
                             "policy ordered {} pool {} for {}",
-                            inventory.pools[i as usize].family,
-                            inventory.pools[i as usize].name,
-                            fam.family
+                            pool.family, pool.name, fam.family
+                        ));
+                    }
+                    // The host does not trust the policy's semantics: these pools can serve
+                    // nobody, whatever a policy says.
+                    if pool.spec.disable || pool.terminating {
+                        let why = if pool.spec.disable {
+                            "disabled"
+                        } else {
+                            "terminating"
+                        };
+                        return bad(format!(
+                            "policy ordered pool {} which is {why}: refusing to allocate from it",
+                            pool.name
                         ));
                     }
                 }
@@ -620,6 +659,21 @@ mod tests {
                 pool("b", "10.0.1.0/24"),
                 pool("a", "10.0.0.0/24"),
                 pool("c6", "fd00::/64"),
+                Pool {
+                    spec: IpPoolSpec {
+                        disable: true,
+                        ..pool("d-off", "10.0.3.0/24").spec
+                    },
+                    ..pool("d-off", "10.0.3.0/24")
+                },
+                Pool {
+                    meta: ObjectMeta {
+                        name: "e-gone".into(),
+                        deletion_timestamp: Some("2026-01-01T00:00:00Z".into()),
+                        ..Default::default()
+                    },
+                    ..pool("e-gone", "10.0.4.0/24")
+                },
             ],
             &[],
             &[],
@@ -640,6 +694,7 @@ mod tests {
         Decision {
             nics: vec![NicDecision {
                 interface: "eth0".into(),
+                error: None,
                 clean_gateway: false,
                 routes: vec![],
                 families: vec![FamilyDecision {
@@ -658,9 +713,29 @@ mod tests {
     fn inventory_is_sorted_by_name() {
         let inv = inventory();
         let names: Vec<_> = inv.pools.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["a", "b", "c6"]);
+        assert_eq!(names, ["a", "b", "c6", "d-off", "e-gone"]);
         assert_eq!(inv.pool_index("b"), Some(1));
         assert_eq!(inv.pool_index("zz"), None);
+    }
+
+    #[test]
+    fn validate_accepts_a_failed_nic_only_without_pools() {
+        let mut d = decision(vec![], vec![]);
+        d.nics[0].families.clear();
+        d.nics[0].error = Some(PolicyError::new(
+            PolicyErrorKind::NotReady,
+            "IPPool ghost does not exist",
+        ));
+        d.validate(&inventory(), &request()).unwrap();
+        let mut both = decision(vec![0], vec![0]);
+        both.nics[0].error = d.nics[0].error.clone();
+        let err = both.validate(&inventory(), &request()).unwrap_err();
+        assert_eq!(err.kind, PolicyErrorKind::BadOutput);
+        assert!(
+            err.message.contains("failed interface eth0"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
@@ -680,6 +755,11 @@ mod tests {
             (decision(vec![0], vec![1]), "not among its candidates"),
             (decision(vec![2], vec![2]), "ipv6 pool c6 for ipv4"),
             (Decision::default(), "0 NICs"),
+            (decision(vec![3], vec![3]), "pool d-off which is disabled"),
+            (
+                decision(vec![4], vec![4]),
+                "pool e-gone which is terminating",
+            ),
         ] {
             let err = d.validate(&inv, &req).unwrap_err();
             assert_eq!(err.kind, PolicyErrorKind::BadOutput);

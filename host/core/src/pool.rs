@@ -119,11 +119,18 @@ impl Pool {
     }
 
     /// The addresses this pool may hand out before reservations and claims: `ips` minus
-    /// `excludeIPs` minus the gateway.
+    /// `excludeIPs` minus the gateway, and never an IPv4 subnet's network or broadcast address
+    /// (below /31), even when `ips` lists them.
     pub fn allocatable(&self) -> AddrSet {
         let mut set = self.ips.difference(&self.excluded);
         if let Some(gw) = self.gateway {
             set.remove(gw);
+        }
+        if let IpNet::V4(net) = self.subnet
+            && net.prefix_len() < 31
+        {
+            set.remove(IpAddr::V4(net.network()));
+            set.remove(IpAddr::V4(net.broadcast()));
         }
         set
     }
@@ -222,6 +229,20 @@ impl Reserved {
             }
         })?;
         Ok(Reserved { meta, family, ips })
+    }
+
+    /// What an invalid ReservedIP still reserves: every entry that parses (of the family its
+    /// `ipVersion` or first entry says), and the errors of the others. `None` when nothing at all
+    /// can be read from it. Loaders use it where no previous version of the object is in force,
+    /// so that one typo never un-reserves the rest of the list.
+    pub fn salvage(meta: ObjectMeta, spec: &ReservedIpSpec) -> Option<(Reserved, Vec<AddrError>)> {
+        let family = match spec.ip_version {
+            Some(v) => IpFamily::from_version(v)?,
+            None if spec.ips.first()?.contains(':') => IpFamily::V6,
+            None => IpFamily::V4,
+        };
+        let (ips, errors) = AddrSet::parse_entries_lenient(family, &spec.ips);
+        (!ips.is_empty()).then_some((Reserved { meta, family, ips }, errors))
     }
 
     /// A terminating ReservedIP no longer reserves.
@@ -355,52 +376,61 @@ fn check_route(
     Ok(Route { dst, gw })
 }
 
+/// Why `pool` cannot serve beside `other`, if it cannot: subnets of one family must be identical
+/// or disjoint, and no address may belong to two pools.
+pub fn conflict(pool: &Pool, other: &Pool) -> Option<SpecError> {
+    if other.family != pool.family {
+        return None;
+    }
+    let (a, b) = (&pool.subnet, &other.subnet);
+    if a != b && (a.contains(&b.network()) || b.contains(&a.network())) {
+        return Some(SpecError::SubnetOverlap {
+            name: pool.meta.name.clone(),
+            subnet: a.to_string(),
+            other: other.meta.name.clone(),
+            other_subnet: b.to_string(),
+        });
+    }
+    let overlap = pool.ips.intersection(&other.ips);
+    if overlap.is_empty() {
+        return None;
+    }
+    let mut entries = overlap.to_entries();
+    if entries.len() > 3 {
+        entries.truncate(3);
+        entries.push("…".into());
+    }
+    Some(SpecError::AddressOverlap {
+        name: pool.meta.name.clone(),
+        other: other.meta.name.clone(),
+        overlap: entries.join(", "),
+    })
+}
+
 /// The checks across pools that users expect: names are unique, subnets of one family are
 /// identical or disjoint, and no address belongs to two pools. Pools are taken in name order and
 /// a pool that conflicts with an earlier one is rejected (with the reason), so the outcome does
-/// not depend on file order and the valid pools keep serving.
+/// not depend on file order. (Loaders that know which pools already serve claims use
+/// [`crate::config::reconcile`], which lets those win instead.)
 pub fn check_pools(mut pools: Vec<Pool>) -> (Vec<Pool>, Vec<SpecError>) {
     pools.sort_by(|a, b| a.meta.name.cmp(&b.meta.name));
     let mut accepted: Vec<Pool> = Vec::with_capacity(pools.len());
     let mut errors = Vec::new();
-    'pools: for pool in pools {
-        for other in &accepted {
-            if other.meta.name == pool.meta.name {
-                errors.push(SpecError::Duplicate {
-                    kind: "IPPool",
-                    name: pool.meta.name.clone(),
-                });
-                continue 'pools;
-            }
-            if other.family != pool.family {
-                continue;
-            }
-            let (a, b) = (&pool.subnet, &other.subnet);
-            if a != b && (a.contains(&b.network()) || b.contains(&a.network())) {
-                errors.push(SpecError::SubnetOverlap {
-                    name: pool.meta.name.clone(),
-                    subnet: a.to_string(),
-                    other: other.meta.name.clone(),
-                    other_subnet: b.to_string(),
-                });
-                continue 'pools;
-            }
-            let overlap = pool.ips.intersection(&other.ips);
-            if !overlap.is_empty() {
-                let mut entries = overlap.to_entries();
-                if entries.len() > 3 {
-                    entries.truncate(3);
-                    entries.push("…".into());
-                }
-                errors.push(SpecError::AddressOverlap {
-                    name: pool.meta.name.clone(),
-                    other: other.meta.name.clone(),
-                    overlap: entries.join(", "),
-                });
-                continue 'pools;
-            }
+    for pool in pools {
+        if accepted
+            .iter()
+            .any(|other| other.meta.name == pool.meta.name)
+        {
+            errors.push(SpecError::Duplicate {
+                kind: "IPPool",
+                name: pool.meta.name.clone(),
+            });
+            continue;
         }
-        accepted.push(pool);
+        match accepted.iter().find_map(|other| conflict(&pool, other)) {
+            Some(e) => errors.push(e),
+            None => accepted.push(pool),
+        }
     }
     (accepted, errors)
 }
@@ -497,6 +527,54 @@ mod tests {
         s.ip_version = Some(6);
         let err = Pool::from_spec(meta("a"), s).unwrap_err();
         assert!(matches!(err, SpecError::VersionMismatch { .. }));
+    }
+
+    #[test]
+    fn network_and_broadcast_are_never_allocatable_below_slash_31() {
+        let listed = Pool::from_spec(
+            meta("edges"),
+            spec(
+                "10.0.0.0/24",
+                &["10.0.0.0-10.0.0.2", "10.0.0.254-10.0.0.255"],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            listed.allocatable().to_entries(),
+            ["10.0.0.1-10.0.0.2", "10.0.0.254"]
+        );
+        let point_to_point =
+            Pool::from_spec(meta("p2p"), spec("10.0.0.0/31", &["10.0.0.0-10.0.0.1"])).unwrap();
+        assert_eq!(
+            point_to_point.allocatable().len(),
+            2,
+            "RFC 3021: both usable"
+        );
+        let host = Pool::from_spec(meta("one"), spec("10.0.0.7/32", &[])).unwrap();
+        assert_eq!(host.allocatable().len(), 1);
+        let v6 = Pool::from_spec(meta("v6"), spec("fd00::/120", &["fd00::0-fd00::ff"])).unwrap();
+        assert_eq!(v6.allocatable().len(), 256, "IPv6 has no broadcast address");
+    }
+
+    #[test]
+    fn a_broken_reserved_ip_still_reserves_what_parses() {
+        let spec = ReservedIpSpec {
+            ip_version: None,
+            ips: vec![
+                "10.0.0.10".into(),
+                "10.0.0.11-10.0.0.1x".into(),
+                "10.0.0.12".into(),
+            ],
+        };
+        assert!(Reserved::from_spec(meta("r"), spec.clone()).is_err());
+        let (salvaged, errors) = Reserved::salvage(meta("r"), &spec).unwrap();
+        assert_eq!(salvaged.ips.to_entries(), ["10.0.0.10", "10.0.0.12"]);
+        assert_eq!(errors.len(), 1);
+        let nothing = ReservedIpSpec {
+            ip_version: None,
+            ips: vec!["garbage".into()],
+        };
+        assert!(Reserved::salvage(meta("r"), &nothing).is_none());
     }
 
     #[test]

@@ -72,14 +72,82 @@ pub enum StoreError {
     Backend(String),
 }
 
-/// Atomic per-address claims.
+/// A detached claim to give back to its pod, in the same batch as fresh claims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reattach {
+    pub address: IpAddr,
+    /// The pod taking it back: same namespace and name as the claim's, new UID and owner.
+    pub pod: PodRef,
+    pub attachment: Attachment,
+    /// Unix seconds, the claim's new `updated_at`.
+    pub now: u64,
+}
+
+/// What happened to one address, as the change feed reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChangeKind {
+    /// The address was claimed: it is no longer free.
+    Claimed,
+    /// The claim was released: the address is free again.
+    Released,
+    /// The claim changed (detached, reattached) but the address stays claimed.
+    Updated,
+}
+
+/// One entry of the change feed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// The store's revision after this change. Revisions only grow.
+    pub revision: u64,
+    pub address: IpAddr,
+    pub kind: ChangeKind,
+    /// Unix seconds when the change was made (the writer's clock).
+    pub at: u64,
+}
+
+/// An answer of [`Store::changes_since`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Changes {
+    /// Every change after the revision asked for, in order, and the revision they lead to
+    /// (the store's revision when it answered, even if `changes` is empty).
+    Since { changes: Vec<Change>, revision: u64 },
+    /// The store has forgotten some changes after the revision asked for (compaction): read a
+    /// [`Snapshot`] instead.
+    Compacted,
+}
+
+/// Every claim at one revision: what an index is built from, and resynchronised against.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The revision the claims are as of; follow the feed from here.
+    pub revision: u64,
+    pub claims: Vec<Claim>,
+    /// Addresses released at or after the time asked for, with when (unix seconds): a released
+    /// address cools down before it is handed out again, across restarts and agents.
+    pub released: Vec<(IpAddr, u64)>,
+    /// The address each pool handed out last: round-robin cursors survive restarts.
+    pub cursors: Vec<(String, IpAddr)>,
+}
+
+/// Atomic per-address claims, and a feed of their changes.
 ///
 /// Implementations must make every method atomic: a batch is written entirely or not at all, and
 /// concurrent callers (threads, processes, agents) never both succeed in claiming one address.
+/// Every write is reported by the change feed ([`Store::changes_since`]) in the order it was
+/// made, so that every engine sharing the store keeps its free-address index true.
 pub trait Store: Send + Sync {
     /// Creates every claim, or none: fails with [`StoreError::Conflict`] naming an address that
     /// is already claimed.
-    fn claim(&self, claims: &[Claim]) -> Result<(), StoreError>;
+    fn claim(&self, claims: &[Claim]) -> Result<(), StoreError> {
+        self.claim_batch(claims, &[]).map(drop)
+    }
+
+    /// Creates `fresh` claims and reattaches detached ones, all or nothing: fails with
+    /// [`StoreError::Conflict`] naming a fresh address that is already claimed, or
+    /// [`StoreError::Stale`] naming a reattach whose claim is no longer detached for the same
+    /// pod. Returns the reattached claims as stored.
+    fn claim_batch(&self, fresh: &[Claim], reattach: &[Reattach])
+    -> Result<Vec<Claim>, StoreError>;
 
     /// Releases the claims `attachment` holds, and returns them. Idempotent: nothing held is
     /// `Ok(vec![])`. Claims of other attachments are never touched.
@@ -89,6 +157,11 @@ pub trait Store: Send + Sync {
     /// Returns whether a claim was released.
     fn release(&self, address: IpAddr, attachment: Option<&Attachment>)
     -> Result<bool, StoreError>;
+
+    /// Releases each of `claims` that is still stored exactly as given (same attachment, pod UID
+    /// and `updated_at`: a claim that changed since it was read is kept), all in one
+    /// transaction. Returns the claims released.
+    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError>;
 
     /// Detaches the claims of `attachment`, keeping the addresses for the same pod (StatefulSet
     /// stickiness). Returns the detached claims.
@@ -104,21 +177,54 @@ pub trait Store: Send + Sync {
         pod: &PodRef,
         attachment: &Attachment,
         now: u64,
-    ) -> Result<Claim, StoreError>;
+    ) -> Result<Claim, StoreError> {
+        let batch = [Reattach {
+            address,
+            pod: pod.clone(),
+            attachment: attachment.clone(),
+            now,
+        }];
+        let mut claims = self.claim_batch(&[], &batch)?;
+        claims.pop().ok_or(StoreError::Stale(address))
+    }
 
     /// The claims `attachment` holds.
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError>;
 
-    /// Detached claims kept for the pod `namespace/name`.
-    fn detached_of(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError>;
+    /// Every claim of the pod `namespace/name`, attached or not (an index lookup, not a scan).
+    fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError>;
 
-    /// Every claim (to build free-address indexes at start-up, for GC and for inspection).
+    /// Detached claims kept for the pod `namespace/name`.
+    fn detached_of(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
+        let mut claims = self.claims_of_pod(namespace, name)?;
+        claims.retain(|c| c.attachment.is_none());
+        Ok(claims)
+    }
+
+    /// Every detached claim (kept StatefulSet addresses), for their expiry.
+    fn detached(&self) -> Result<Vec<Claim>, StoreError>;
+
+    /// Every claim (for GC and for inspection).
     fn all(&self) -> Result<Vec<Claim>, StoreError>;
+
+    /// Every claim as of one revision, the addresses released at or after `released_since`
+    /// (unix seconds), and the pools' cursors.
+    fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError>;
+
+    /// The changes after `revision`, in order.
+    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError>;
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn claim(&self, claims: &[Claim]) -> Result<(), StoreError> {
         (**self).claim(claims)
+    }
+    fn claim_batch(
+        &self,
+        fresh: &[Claim],
+        reattach: &[Reattach],
+    ) -> Result<Vec<Claim>, StoreError> {
+        (**self).claim_batch(fresh, reattach)
     }
     fn release_attachment(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
         (**self).release_attachment(attachment)
@@ -129,6 +235,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         attachment: Option<&Attachment>,
     ) -> Result<bool, StoreError> {
         (**self).release(address, attachment)
+    }
+    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError> {
+        (**self).release_unchanged(claims)
     }
     fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
         (**self).detach(attachment, now)
@@ -145,19 +254,89 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
         (**self).claims_of(attachment)
     }
+    fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
+        (**self).claims_of_pod(namespace, name)
+    }
     fn detached_of(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
         (**self).detached_of(namespace, name)
+    }
+    fn detached(&self) -> Result<Vec<Claim>, StoreError> {
+        (**self).detached()
     }
     fn all(&self) -> Result<Vec<Claim>, StoreError> {
         (**self).all()
     }
+    fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError> {
+        (**self).snapshot(released_since)
+    }
+    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
+        (**self).changes_since(revision)
+    }
+}
+
+/// A clock in unix seconds (injectable so that tests can move time).
+pub type Clock = std::sync::Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system clock in unix seconds.
+pub fn system_clock() -> Clock {
+    std::sync::Arc::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    })
 }
 
 /// A [`Store`] in memory: for tests, and as the reference the contract suite is written
 /// against. Not durable.
-#[derive(Debug, Default)]
 pub struct MemoryStore {
-    claims: std::sync::Mutex<std::collections::BTreeMap<IpAddr, Claim>>,
+    state: std::sync::Mutex<MemoryState>,
+    clock: Clock,
+}
+
+#[derive(Default)]
+struct MemoryState {
+    claims: std::collections::BTreeMap<IpAddr, Claim>,
+    /// The change feed; `log[0]` has revision `first_revision`.
+    log: std::collections::VecDeque<Change>,
+    first_revision: u64,
+    revision: u64,
+    cursors: std::collections::BTreeMap<String, IpAddr>,
+}
+
+impl MemoryState {
+    fn record(&mut self, address: IpAddr, kind: ChangeKind, at: u64) {
+        self.revision += 1;
+        if self.log.is_empty() {
+            self.first_revision = self.revision;
+        }
+        self.log.push_back(Change {
+            revision: self.revision,
+            address,
+            kind,
+            at,
+        });
+        // Bounded: a reader this far behind resynchronises from a snapshot.
+        if self.log.len() > MEMORY_LOG_LIMIT {
+            self.log.pop_front();
+            self.first_revision += 1;
+        }
+    }
+}
+
+/// Changes a [`MemoryStore`] remembers.
+const MEMORY_LOG_LIMIT: usize = 100_000;
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").finish_non_exhaustive()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_clock(system_clock())
+    }
 }
 
 impl MemoryStore {
@@ -165,35 +344,103 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<IpAddr, Claim>> {
-        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    /// A store whose change feed stamps changes with `clock`.
+    pub fn with_clock(clock: Clock) -> Self {
+        MemoryStore {
+            state: std::sync::Mutex::new(MemoryState::default()),
+            clock,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets every change up to `revision` (as a backend's compaction would): a reader behind
+    /// it gets [`Changes::Compacted`].
+    pub fn compact(&self, revision: u64) {
+        let mut state = self.lock();
+        while state.log.front().is_some_and(|c| c.revision <= revision) {
+            state.log.pop_front();
+        }
+        state.first_revision = state.first_revision.max(revision + 1);
+    }
+
+    fn now(&self) -> u64 {
+        (self.clock)()
     }
 }
 
+fn same_pod(a: &PodRef, b: &PodRef) -> bool {
+    a.namespace == b.namespace && a.name == b.name
+}
+
+/// Whether a stored claim is still the one a caller read (for [`Store::release_unchanged`]).
+pub fn unchanged(stored: &Claim, read: &Claim) -> bool {
+    stored.attachment == read.attachment
+        && stored.pod.uid == read.pod.uid
+        && stored.updated_at == read.updated_at
+}
+
 impl Store for MemoryStore {
-    fn claim(&self, claims: &[Claim]) -> Result<(), StoreError> {
-        let mut map = self.lock();
+    fn claim_batch(
+        &self,
+        fresh: &[Claim],
+        reattach: &[Reattach],
+    ) -> Result<Vec<Claim>, StoreError> {
+        let at = self.now();
+        let mut state = self.lock();
         let mut batch = std::collections::BTreeSet::new();
-        if let Some(c) = claims
+        if let Some(c) = fresh
             .iter()
-            .find(|c| map.contains_key(&c.address) || !batch.insert(c.address))
+            .find(|c| state.claims.contains_key(&c.address) || !batch.insert(c.address))
         {
             return Err(StoreError::Conflict(c.address));
         }
-        for c in claims {
-            map.insert(c.address, c.clone());
+        for r in reattach {
+            let ok = batch.insert(r.address)
+                && state
+                    .claims
+                    .get(&r.address)
+                    .is_some_and(|c| c.attachment.is_none() && same_pod(&c.pod, &r.pod));
+            if !ok {
+                return Err(StoreError::Stale(r.address));
+            }
         }
-        Ok(())
+        for c in fresh {
+            state.claims.insert(c.address, c.clone());
+            state.cursors.insert(c.pool.clone(), c.address);
+            state.record(c.address, ChangeKind::Claimed, at);
+        }
+        let mut out = Vec::with_capacity(reattach.len());
+        for r in reattach {
+            let c = state.claims.get_mut(&r.address).expect("checked above");
+            c.attachment = Some(r.attachment.clone());
+            c.pod = r.pod.clone();
+            c.updated_at = r.now;
+            out.push(c.clone());
+            state.record(r.address, ChangeKind::Updated, at);
+        }
+        Ok(out)
     }
 
     fn release_attachment(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
-        let mut map = self.lock();
-        let held: Vec<IpAddr> = map
+        let at = self.now();
+        let mut state = self.lock();
+        let held: Vec<IpAddr> = state
+            .claims
             .values()
             .filter(|c| c.attachment.as_ref() == Some(attachment))
             .map(|c| c.address)
             .collect();
-        Ok(held.iter().filter_map(|a| map.remove(a)).collect())
+        let mut out = Vec::with_capacity(held.len());
+        for a in held {
+            if let Some(c) = state.claims.remove(&a) {
+                state.record(a, ChangeKind::Released, at);
+                out.push(c);
+            }
+        }
+        Ok(out)
     }
 
     fn release(
@@ -201,21 +448,44 @@ impl Store for MemoryStore {
         address: IpAddr,
         attachment: Option<&Attachment>,
     ) -> Result<bool, StoreError> {
-        let mut map = self.lock();
-        if map
+        let at = self.now();
+        let mut state = self.lock();
+        if state
+            .claims
             .get(&address)
             .is_some_and(|c| c.attachment.as_ref() == attachment)
         {
-            map.remove(&address);
+            state.claims.remove(&address);
+            state.record(address, ChangeKind::Released, at);
             return Ok(true);
         }
         Ok(false)
     }
 
-    fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
-        let mut map = self.lock();
+    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError> {
+        let at = self.now();
+        let mut state = self.lock();
         let mut out = Vec::new();
-        for c in map
+        for read in claims {
+            if state
+                .claims
+                .get(&read.address)
+                .is_some_and(|stored| unchanged(stored, read))
+                && let Some(c) = state.claims.remove(&read.address)
+            {
+                state.record(read.address, ChangeKind::Released, at);
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
+        let at = self.now();
+        let mut state = self.lock();
+        let mut out = Vec::new();
+        for c in state
+            .claims
             .values_mut()
             .filter(|c| c.attachment.as_ref() == Some(attachment))
         {
@@ -223,53 +493,84 @@ impl Store for MemoryStore {
             c.updated_at = now;
             out.push(c.clone());
         }
-        Ok(out)
-    }
-
-    fn reattach(
-        &self,
-        address: IpAddr,
-        pod: &PodRef,
-        attachment: &Attachment,
-        now: u64,
-    ) -> Result<Claim, StoreError> {
-        let mut map = self.lock();
-        match map.get_mut(&address) {
-            Some(c)
-                if c.attachment.is_none()
-                    && c.pod.namespace == pod.namespace
-                    && c.pod.name == pod.name =>
-            {
-                c.attachment = Some(attachment.clone());
-                c.pod = pod.clone();
-                c.updated_at = now;
-                Ok(c.clone())
-            }
-            _ => Err(StoreError::Stale(address)),
+        for c in &out {
+            state.record(c.address, ChangeKind::Updated, at);
         }
+        Ok(out)
     }
 
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
         Ok(self
             .lock()
+            .claims
             .values()
             .filter(|c| c.attachment.as_ref() == Some(attachment))
             .cloned()
             .collect())
     }
 
-    fn detached_of(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
+    fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
         Ok(self
             .lock()
+            .claims
             .values()
-            .filter(|c| {
-                c.attachment.is_none() && c.pod.namespace == namespace && c.pod.name == name
-            })
+            .filter(|c| c.pod.namespace == namespace && c.pod.name == name)
+            .cloned()
+            .collect())
+    }
+
+    fn detached(&self) -> Result<Vec<Claim>, StoreError> {
+        Ok(self
+            .lock()
+            .claims
+            .values()
+            .filter(|c| c.attachment.is_none())
             .cloned()
             .collect())
     }
 
     fn all(&self) -> Result<Vec<Claim>, StoreError> {
-        Ok(self.lock().values().cloned().collect())
+        Ok(self.lock().claims.values().cloned().collect())
+    }
+
+    fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError> {
+        let state = self.lock();
+        // The latest change per address says whether it is still released.
+        let mut last: std::collections::BTreeMap<IpAddr, &Change> = Default::default();
+        for c in &state.log {
+            last.insert(c.address, c);
+        }
+        Ok(Snapshot {
+            revision: state.revision,
+            claims: state.claims.values().cloned().collect(),
+            released: last
+                .values()
+                .filter(|c| c.kind == ChangeKind::Released && c.at >= released_since)
+                .map(|c| (c.address, c.at))
+                .collect(),
+            cursors: state.cursors.iter().map(|(p, a)| (p.clone(), *a)).collect(),
+        })
+    }
+
+    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
+        let state = self.lock();
+        if revision > state.revision {
+            // A revision from another history (the store was replaced): start over.
+            return Ok(Changes::Compacted);
+        }
+        if revision == state.revision {
+            return Ok(Changes::Since {
+                changes: Vec::new(),
+                revision: state.revision,
+            });
+        }
+        if state.log.is_empty() || revision + 1 < state.first_revision {
+            return Ok(Changes::Compacted);
+        }
+        let skip = (revision + 1 - state.first_revision) as usize;
+        Ok(Changes::Since {
+            changes: state.log.iter().skip(skip).cloned().collect(),
+            revision: state.revision,
+        })
     }
 }

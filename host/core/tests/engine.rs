@@ -5,132 +5,16 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Barrier};
 
-use allot_core::engine::{AddRequest, AllocError, Engine};
-use allot_core::policy::{
-    AcquisitionRule, CniDefaults, Decision, DropReason, Dropped, FamilyDecision, Inventory,
-    NamespaceInfo, NicDecision, NodeInfo, Owner, PodInfo, Policy, PolicyError, PoolRef, Request,
+use allot_core::engine::{AllocError, Engine};
+use allot_core::policy::Owner;
+use allot_core::spec::{ObjectMeta, ReservedIpSpec};
+use allot_core::store::{
+    Attachment, Changes, Claim, MemoryStore, PodRef, Reattach, Snapshot, Store, StoreError,
 };
-use allot_core::spec::{IpPoolSpec, ObjectMeta, ReservedIpSpec, RouteSpec};
-use allot_core::store::{Attachment, Claim, MemoryStore, PodRef, Store, StoreError};
-use allot_core::{IpFamily, Pool, Reserved};
+use allot_core::{IpFamily, PolicyErrorKind, Reserved};
 
-/// Candidates: the CNI default pools of each family, in order; exhausted ones dropped.
-struct CniDefaultsPolicy;
-
-impl Policy for CniDefaultsPolicy {
-    fn decide(&self, inv: &Arc<Inventory>, req: &Request) -> Result<Decision, PolicyError> {
-        let mut families = Vec::new();
-        for (family, names) in [
-            (IpFamily::V4, &req.cni_defaults.ipv4),
-            (IpFamily::V6, &req.cni_defaults.ipv6),
-        ] {
-            if names.is_empty() {
-                continue;
-            }
-            let candidates: Vec<u32> = names.iter().filter_map(|n| inv.pool_index(n)).collect();
-            let (order, dropped) =
-                candidates
-                    .iter()
-                    .fold((vec![], vec![]), |(mut o, mut d), &i| {
-                        if req.free_counts[i as usize] > 0 {
-                            o.push(i);
-                        } else {
-                            d.push(Dropped {
-                                pool: PoolRef::Index(i),
-                                reason: DropReason::Exhausted,
-                                detail: String::new(),
-                            });
-                        }
-                        (o, d)
-                    });
-            families.push(FamilyDecision {
-                family,
-                rule: AcquisitionRule::CniDefault,
-                source: "test".into(),
-                candidates,
-                order,
-                dropped,
-            });
-        }
-        Ok(Decision {
-            nics: req
-                .nics
-                .iter()
-                .map(|n| NicDecision {
-                    interface: n.interface.clone(),
-                    clean_gateway: req.pod.annotations.contains_key("clean-gateway"),
-                    routes: vec![RouteSpec {
-                        dst: "192.0.2.0/24".into(),
-                        gw: "10.0.0.1".into(),
-                    }],
-                    families: families.clone(),
-                })
-                .collect(),
-        })
-    }
-}
-
-fn pool(name: &str, subnet: &str, ips: &[&str], gateway: Option<&str>) -> Pool {
-    Pool::from_spec(
-        ObjectMeta {
-            name: name.into(),
-            ..Default::default()
-        },
-        IpPoolSpec {
-            subnet: subnet.into(),
-            ips: ips.iter().map(|s| s.to_string()).collect(),
-            gateway: gateway.map(str::to_string),
-            ..Default::default()
-        },
-    )
-    .unwrap()
-}
-
-fn engine(pools: Vec<Pool>) -> Engine<MemoryStore, CniDefaultsPolicy> {
-    let e = Engine::new(MemoryStore::new(), CniDefaultsPolicy);
-    e.load(pools, vec![], vec![]).unwrap();
-    e
-}
-
-fn add_req(container: &str, ifname: &str, v4: &[&str], v6: &[&str]) -> AddRequest {
-    AddRequest {
-        attachment: Attachment {
-            container_id: container.into(),
-            interface: ifname.into(),
-        },
-        network: "net-a".into(),
-        pod: PodInfo {
-            namespace: "ns".into(),
-            name: format!("pod-{container}"),
-            uid: format!("uid-{container}"),
-            ..Default::default()
-        },
-        namespace: NamespaceInfo {
-            name: "ns".into(),
-            ..Default::default()
-        },
-        node: NodeInfo {
-            name: "node-1".into(),
-            ..Default::default()
-        },
-        multus_name: String::new(),
-        cni_defaults: CniDefaults {
-            ipv4: v4.iter().map(|s| s.to_string()).collect(),
-            ipv6: v6.iter().map(|s| s.to_string()).collect(),
-        },
-    }
-}
-
-fn att(container: &str, ifname: &str) -> Attachment {
-    Attachment {
-        container_id: container.into(),
-        interface: ifname.into(),
-    }
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
+mod common;
+use common::*;
 
 #[test]
 fn add_is_idempotent_per_attachment_and_del_releases_only_its_own() {
@@ -419,7 +303,13 @@ fn gc_releases_every_claim_not_listed_as_valid() {
     elsewhere.network = "net-b".into();
     e.add(&elsewhere).unwrap();
     let valid = BTreeSet::from([att("c2", "eth0")]);
-    let released = e.gc("net-a", &valid).unwrap();
+    let first = e.gc("net-a", &valid).unwrap();
+    assert!(
+        first.released.is_empty(),
+        "a leak is released only when seen twice"
+    );
+    assert_eq!(first.suspects, 2);
+    let released = e.gc("net-a", &valid).unwrap().released;
     let mut gone: Vec<String> = released
         .iter()
         .map(|c| c.attachment.clone().unwrap().container_id)
@@ -443,7 +333,12 @@ fn reload_keeps_claims_and_rebuilds_indexes_from_the_store() {
             updated_at: 0,
         }])
         .unwrap();
-    let e = Engine::new(store, CniDefaultsPolicy);
+    let e = Engine::with_config(
+        store,
+        CniDefaultsPolicy,
+        quick(),
+        allot_core::store::system_clock(),
+    );
     e.load(
         vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.11"], None)],
         vec![],
@@ -478,9 +373,25 @@ struct RacingStore {
     inner: MemoryStore,
 }
 
+impl RacingStore {
+    fn hidden(&self) -> BTreeSet<IpAddr> {
+        self.inner
+            .all()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.pool == "other-agent")
+            .map(|c| c.address)
+            .collect()
+    }
+}
+
 impl Store for RacingStore {
-    fn claim(&self, claims: &[Claim]) -> Result<(), StoreError> {
-        self.inner.claim(claims)
+    fn claim_batch(
+        &self,
+        fresh: &[Claim],
+        reattach: &[Reattach],
+    ) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claim_batch(fresh, reattach)
     }
     fn release_attachment(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
         self.inner.release_attachment(a)
@@ -488,32 +399,43 @@ impl Store for RacingStore {
     fn release(&self, addr: IpAddr, a: Option<&Attachment>) -> Result<bool, StoreError> {
         self.inner.release(addr, a)
     }
+    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError> {
+        self.inner.release_unchanged(claims)
+    }
     fn detach(&self, a: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
         self.inner.detach(a, now)
-    }
-    fn reattach(
-        &self,
-        addr: IpAddr,
-        pod: &PodRef,
-        a: &Attachment,
-        now: u64,
-    ) -> Result<Claim, StoreError> {
-        self.inner.reattach(addr, pod, a, now)
     }
     fn claims_of(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
         self.inner.claims_of(a)
     }
-    fn detached_of(&self, ns: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
-        self.inner.detached_of(ns, name)
+    fn claims_of_pod(&self, ns: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claims_of_pod(ns, name)
+    }
+    fn detached(&self) -> Result<Vec<Claim>, StoreError> {
+        self.inner.detached()
     }
     fn all(&self) -> Result<Vec<Claim>, StoreError> {
-        // The other agent's claims are invisible when the index is built.
-        Ok(self
-            .inner
-            .all()?
-            .into_iter()
-            .filter(|c| c.pool != "other-agent")
-            .collect())
+        self.inner.all()
+    }
+    // The other agent's claims are invisible to the index: not in the snapshot, not in the feed.
+    fn snapshot(&self, since: u64) -> Result<Snapshot, StoreError> {
+        let hidden = self.hidden();
+        let mut s = self.inner.snapshot(since)?;
+        s.claims.retain(|c| !hidden.contains(&c.address));
+        Ok(s)
+    }
+    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
+        let hidden = self.hidden();
+        Ok(match self.inner.changes_since(revision)? {
+            Changes::Since {
+                mut changes,
+                revision,
+            } => {
+                changes.retain(|c| !hidden.contains(&c.address));
+                Changes::Since { changes, revision }
+            }
+            Changes::Compacted => Changes::Compacted,
+        })
     }
 }
 
@@ -532,13 +454,11 @@ fn lost_races_are_retried_with_other_addresses() {
         })
         .collect();
     inner.claim(&theirs).unwrap();
-    let e = Engine::new(RacingStore { inner }, CniDefaultsPolicy);
-    e.load(
+    let e = engine_on(
+        RacingStore { inner },
         vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.12"], None)],
-        vec![],
-        vec![],
-    )
-    .unwrap();
+        quick(),
+    );
     let out = e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
     assert_eq!(out.allocations[0].address, ip("10.0.0.12"));
     assert!(
@@ -583,4 +503,30 @@ fn adds_before_pools_are_loaded_fail_clearly() {
         e.add(&add_req("c1", "eth0", &["a"], &[])),
         Err(AllocError::NotLoaded)
     ));
+}
+
+#[test]
+fn a_nic_the_policy_fails_fails_its_add_with_the_policys_error() {
+    let e = engine(vec![pool("a", "10.0.0.0/24", &[], None)]);
+    let mut req = add_req("c1", "eth0", &["a"], &[]);
+    req.pod.annotations.insert("fail-nic".into(), "eth0".into());
+    match e.add(&req) {
+        Err(AllocError::Policy(err)) => {
+            assert_eq!(err.kind, PolicyErrorKind::InvalidInput);
+            assert_eq!(err.message, "IPPool ghost named for eth0 does not exist");
+        }
+        other => panic!("expected the policy's error, got {other:?}"),
+    }
+    assert!(e.store().claims_of(&att("c1", "eth0")).unwrap().is_empty());
+}
+
+#[test]
+fn a_retried_add_keeps_serving_what_it_holds_when_the_policy_fails_the_nic() {
+    let e = engine(vec![pool("a", "10.0.0.0/24", &[], None)]);
+    let mut req = add_req("c1", "eth0", &["a"], &[]);
+    let first = e.add(&req).unwrap();
+    req.pod.annotations.insert("fail-nic".into(), "eth0".into());
+    let retried = e.add(&req).unwrap();
+    assert_eq!(retried.allocations, first.allocations);
+    assert!(retried.repeated);
 }

@@ -1,242 +1,280 @@
-//! Conversions between allot-core's policy types and the WIT bindings.
+//! Conversions between allot-core's policy types and the WIT bindings of each contract version
+//! (`crate::contract`). The versions share every type but the NIC decision, so one macro
+//! writes the shared conversions into a module per version.
 
 use allot_core::IpFamily;
 use allot_core::policy::{self as core, Labels};
 use allot_core::spec::{LabelSelector, RouteSpec, SelectorOperator};
 use allot_core::{PolicyError, PolicyErrorKind};
 
-use crate::runtime::wit;
-
-fn family(f: IpFamily) -> wit::IpFamily {
-    match f {
-        IpFamily::V4 => wit::IpFamily::Ipv4,
-        IpFamily::V6 => wit::IpFamily::Ipv6,
-    }
-}
-
-fn family_back(f: wit::IpFamily) -> IpFamily {
-    match f {
-        wit::IpFamily::Ipv4 => IpFamily::V4,
-        wit::IpFamily::Ipv6 => IpFamily::V6,
-    }
-}
-
-fn labels(l: &Labels) -> Vec<wit::Label> {
-    l.iter()
-        .map(|(k, v)| wit::Label {
-            key: k.clone(),
-            value: v.clone(),
-        })
-        .collect()
-}
-
-fn selector(s: &LabelSelector) -> wit::LabelSelector {
-    wit::LabelSelector {
-        match_labels: labels(&s.match_labels),
-        match_expressions: s
-            .match_expressions
-            .iter()
-            .map(|r| wit::SelectorRequirement {
-                key: r.key.clone(),
-                operator: match r.operator {
-                    SelectorOperator::In => wit::SelectorOperator::In,
-                    SelectorOperator::NotIn => wit::SelectorOperator::NotIn,
-                    SelectorOperator::Exists => wit::SelectorOperator::Exists,
-                    SelectorOperator::DoesNotExist => wit::SelectorOperator::DoesNotExist,
-                },
-                values: r.values.clone(),
-            })
-            .collect(),
-    }
-}
-
-fn routes(r: &[RouteSpec]) -> Vec<wit::Route> {
-    r.iter()
-        .map(|r| wit::Route {
-            dst: r.dst.clone(),
-            gw: r.gw.clone(),
-        })
-        .collect()
-}
-
-pub(crate) fn inventory(inv: &core::Inventory) -> wit::Inventory {
-    wit::Inventory {
-        generation: inv.generation,
-        pools: inv
-            .pools
-            .iter()
-            .map(|p| wit::Pool {
-                name: p.name.clone(),
-                labels: labels(&p.labels),
-                ip_version: family(p.family),
-                subnet: p.spec.subnet.clone(),
-                ips: p.spec.ips.clone(),
-                exclude_ips: p.spec.exclude_ips.clone(),
-                gateway: p.spec.gateway.clone(),
-                routes: routes(&p.spec.routes),
-                pod_affinity: p.spec.pod_affinity.as_ref().map(selector),
-                namespace_affinity: p.spec.namespace_affinity.as_ref().map(selector),
-                node_affinity: p.spec.node_affinity.as_ref().map(selector),
-                namespace_name: p.spec.namespace_name.clone(),
-                node_name: p.spec.node_name.clone(),
-                multus_name: p.spec.multus_name.clone(),
-                default: p.spec.default,
-                disable: p.spec.disable,
-                terminating: p.terminating,
-                total_count: p.total_count,
-                all_excluded: p.all_excluded,
-                all_reserved: p.all_reserved,
-                subnet_owner: p.subnet_owner.clone(),
-                application: p.application.as_ref().map(|a| wit::Application {
-                    kind: a.kind.clone(),
-                    namespace: a.namespace.clone(),
-                    name: a.name.clone(),
-                }),
-            })
-            .collect(),
-        subnets: inv
-            .subnets
-            .iter()
-            .map(|s| wit::Subnet {
-                name: s.name.clone(),
-                ip_version: family(s.family),
-                subnet: s.spec.subnet.clone(),
-                ips: s.spec.ips.clone(),
-                exclude_ips: s.spec.exclude_ips.clone(),
-                gateway: s.spec.gateway.clone(),
-                routes: routes(&s.spec.routes),
-            })
-            .collect(),
-    }
-}
-
-pub(crate) fn request(generation: u64, r: &core::Request) -> wit::Request {
-    wit::Request {
-        inventory_generation: generation,
-        pod: wit::Pod {
-            namespace: r.pod.namespace.clone(),
-            name: r.pod.name.clone(),
-            uid: r.pod.uid.clone(),
-            labels: labels(&r.pod.labels),
-            annotations: labels(&r.pod.annotations),
-            owner: r.pod.owner.as_ref().map(|o| wit::Owner {
-                kind: o.kind.clone(),
-                name: o.name.clone(),
-            }),
-        },
-        namespace: wit::Namespace {
-            name: r.namespace.name.clone(),
-            labels: labels(&r.namespace.labels),
-            annotations: labels(&r.namespace.annotations),
-        },
-        node: wit::Node {
-            name: r.node.name.clone(),
-            labels: labels(&r.node.labels),
-        },
-        nics: r
-            .nics
-            .iter()
-            .map(|n| wit::Nic {
-                interface: n.interface.clone(),
-                multus_name: n.multus_name.clone(),
-            })
-            .collect(),
-        cni_defaults: wit::CniDefaults {
-            ipv4: r.cni_defaults.ipv4.clone(),
-            ipv6: r.cni_defaults.ipv6.clone(),
-        },
-        free_counts: r.free_counts.clone(),
-    }
-}
-
-fn rule(r: wit::AcquisitionRule) -> core::AcquisitionRule {
-    match r {
-        wit::AcquisitionRule::SubnetAnnotation => core::AcquisitionRule::SubnetAnnotation,
-        wit::AcquisitionRule::PoolAnnotation => core::AcquisitionRule::PoolAnnotation,
-        wit::AcquisitionRule::NamespaceDefault => core::AcquisitionRule::NamespaceDefault,
-        wit::AcquisitionRule::CniDefault => core::AcquisitionRule::CniDefault,
-        wit::AcquisitionRule::ClusterDefault => core::AcquisitionRule::ClusterDefault,
-        wit::AcquisitionRule::Custom => core::AcquisitionRule::Custom,
-    }
-}
-
-fn reason(r: wit::DropReason) -> core::DropReason {
-    use core::DropReason as D;
-    match r {
-        wit::DropReason::NotFound => D::NotFound,
-        wit::DropReason::Terminating => D::Terminating,
-        wit::DropReason::Disabled => D::Disabled,
-        wit::DropReason::WrongFamily => D::WrongFamily,
-        wit::DropReason::NodeMismatch => D::NodeMismatch,
-        wit::DropReason::NamespaceMismatch => D::NamespaceMismatch,
-        wit::DropReason::PodMismatch => D::PodMismatch,
-        wit::DropReason::MultusMismatch => D::MultusMismatch,
-        wit::DropReason::AllExcluded => D::AllExcluded,
-        wit::DropReason::AllReserved => D::AllReserved,
-        wit::DropReason::Exhausted => D::Exhausted,
-        wit::DropReason::Other => D::Other,
-    }
-}
-
-pub(crate) fn decision(d: wit::Decision) -> core::Decision {
-    core::Decision {
-        nics: d
-            .nics
-            .into_iter()
-            .map(|n| core::NicDecision {
-                interface: n.interface,
-                clean_gateway: n.clean_gateway,
-                routes: n
-                    .routes
-                    .into_iter()
-                    .map(|r| RouteSpec {
-                        dst: r.dst,
-                        gw: r.gw,
-                    })
-                    .collect(),
-                families: n
-                    .families
-                    .into_iter()
-                    .map(|f| core::FamilyDecision {
-                        family: family_back(f.family),
-                        rule: rule(f.rule),
-                        source: f.source,
-                        candidates: f.candidates,
-                        order: f.order,
-                        dropped: f
-                            .dropped
-                            .into_iter()
-                            .map(|d| core::Dropped {
-                                pool: match d.pool {
-                                    wit::PoolRef::Index(i) => core::PoolRef::Index(i),
-                                    wit::PoolRef::Missing(name) => core::PoolRef::Missing(name),
-                                },
-                                reason: reason(d.reason),
-                                detail: d.detail,
-                            })
-                            .collect(),
-                    })
-                    .collect(),
-            })
-            .collect(),
-    }
-}
-
-pub(crate) fn decision_error(e: wit::DecisionError) -> PolicyError {
-    let kind = match e.kind {
-        wit::ErrorKind::InvalidInput => PolicyErrorKind::InvalidInput,
-        wit::ErrorKind::NotReady => PolicyErrorKind::NotReady,
-        wit::ErrorKind::Internal => PolicyErrorKind::Internal,
-    };
-    // The message is the policy's; bound it like any other output.
-    let mut message = e.message;
-    if message.len() > allot_core::policy::MAX_DETAIL_BYTES {
-        let mut end = allot_core::policy::MAX_DETAIL_BYTES;
-        while !message.is_char_boundary(end) {
-            end -= 1;
+macro_rules! shared_conversions {
+    () => {
+        fn family(f: IpFamily) -> wit::IpFamily {
+            match f {
+                IpFamily::V4 => wit::IpFamily::Ipv4,
+                IpFamily::V6 => wit::IpFamily::Ipv6,
+            }
         }
-        message.truncate(end);
-        message.push('…');
+
+        fn family_back(f: wit::IpFamily) -> IpFamily {
+            match f {
+                wit::IpFamily::Ipv4 => IpFamily::V4,
+                wit::IpFamily::Ipv6 => IpFamily::V6,
+            }
+        }
+
+        fn labels(l: &Labels) -> Vec<wit::Label> {
+            l.iter()
+                .map(|(k, v)| wit::Label {
+                    key: k.clone(),
+                    value: v.clone(),
+                })
+                .collect()
+        }
+
+        fn selector(s: &LabelSelector) -> wit::LabelSelector {
+            wit::LabelSelector {
+                match_labels: labels(&s.match_labels),
+                match_expressions: s
+                    .match_expressions
+                    .iter()
+                    .map(|r| wit::SelectorRequirement {
+                        key: r.key.clone(),
+                        operator: match r.operator {
+                            SelectorOperator::In => wit::SelectorOperator::In,
+                            SelectorOperator::NotIn => wit::SelectorOperator::NotIn,
+                            SelectorOperator::Exists => wit::SelectorOperator::Exists,
+                            SelectorOperator::DoesNotExist => wit::SelectorOperator::DoesNotExist,
+                        },
+                        values: r.values.clone(),
+                    })
+                    .collect(),
+            }
+        }
+
+        fn routes(r: &[RouteSpec]) -> Vec<wit::Route> {
+            r.iter()
+                .map(|r| wit::Route {
+                    dst: r.dst.clone(),
+                    gw: r.gw.clone(),
+                })
+                .collect()
+        }
+
+        pub(crate) fn inventory(inv: &core::Inventory) -> wit::Inventory {
+            wit::Inventory {
+                generation: inv.generation,
+                pools: inv
+                    .pools
+                    .iter()
+                    .map(|p| wit::Pool {
+                        name: p.name.clone(),
+                        labels: labels(&p.labels),
+                        ip_version: family(p.family),
+                        subnet: p.spec.subnet.clone(),
+                        ips: p.spec.ips.clone(),
+                        exclude_ips: p.spec.exclude_ips.clone(),
+                        gateway: p.spec.gateway.clone(),
+                        routes: routes(&p.spec.routes),
+                        pod_affinity: p.spec.pod_affinity.as_ref().map(selector),
+                        namespace_affinity: p.spec.namespace_affinity.as_ref().map(selector),
+                        node_affinity: p.spec.node_affinity.as_ref().map(selector),
+                        namespace_name: p.spec.namespace_name.clone(),
+                        node_name: p.spec.node_name.clone(),
+                        multus_name: p.spec.multus_name.clone(),
+                        default: p.spec.default,
+                        disable: p.spec.disable,
+                        terminating: p.terminating,
+                        total_count: p.total_count,
+                        all_excluded: p.all_excluded,
+                        all_reserved: p.all_reserved,
+                        subnet_owner: p.subnet_owner.clone(),
+                        application: p.application.as_ref().map(|a| wit::Application {
+                            kind: a.kind.clone(),
+                            namespace: a.namespace.clone(),
+                            name: a.name.clone(),
+                        }),
+                    })
+                    .collect(),
+                subnets: inv
+                    .subnets
+                    .iter()
+                    .map(|s| wit::Subnet {
+                        name: s.name.clone(),
+                        ip_version: family(s.family),
+                        subnet: s.spec.subnet.clone(),
+                        ips: s.spec.ips.clone(),
+                        exclude_ips: s.spec.exclude_ips.clone(),
+                        gateway: s.spec.gateway.clone(),
+                        routes: routes(&s.spec.routes),
+                    })
+                    .collect(),
+            }
+        }
+
+        pub(crate) fn request(generation: u64, r: &core::Request) -> wit::Request {
+            wit::Request {
+                inventory_generation: generation,
+                pod: wit::Pod {
+                    namespace: r.pod.namespace.clone(),
+                    name: r.pod.name.clone(),
+                    uid: r.pod.uid.clone(),
+                    labels: labels(&r.pod.labels),
+                    annotations: labels(&r.pod.annotations),
+                    owner: r.pod.owner.as_ref().map(|o| wit::Owner {
+                        kind: o.kind.clone(),
+                        name: o.name.clone(),
+                    }),
+                },
+                namespace: wit::Namespace {
+                    name: r.namespace.name.clone(),
+                    labels: labels(&r.namespace.labels),
+                    annotations: labels(&r.namespace.annotations),
+                },
+                node: wit::Node {
+                    name: r.node.name.clone(),
+                    labels: labels(&r.node.labels),
+                },
+                nics: r
+                    .nics
+                    .iter()
+                    .map(|n| wit::Nic {
+                        interface: n.interface.clone(),
+                        multus_name: n.multus_name.clone(),
+                    })
+                    .collect(),
+                cni_defaults: wit::CniDefaults {
+                    ipv4: r.cni_defaults.ipv4.clone(),
+                    ipv6: r.cni_defaults.ipv6.clone(),
+                },
+                free_counts: r.free_counts.clone(),
+            }
+        }
+
+        fn rule(r: wit::AcquisitionRule) -> core::AcquisitionRule {
+            match r {
+                wit::AcquisitionRule::SubnetAnnotation => core::AcquisitionRule::SubnetAnnotation,
+                wit::AcquisitionRule::PoolAnnotation => core::AcquisitionRule::PoolAnnotation,
+                wit::AcquisitionRule::NamespaceDefault => core::AcquisitionRule::NamespaceDefault,
+                wit::AcquisitionRule::CniDefault => core::AcquisitionRule::CniDefault,
+                wit::AcquisitionRule::ClusterDefault => core::AcquisitionRule::ClusterDefault,
+                wit::AcquisitionRule::Custom => core::AcquisitionRule::Custom,
+            }
+        }
+
+        fn reason(r: wit::DropReason) -> core::DropReason {
+            use allot_core::policy::DropReason as D;
+            match r {
+                wit::DropReason::NotFound => D::NotFound,
+                wit::DropReason::Terminating => D::Terminating,
+                wit::DropReason::Disabled => D::Disabled,
+                wit::DropReason::WrongFamily => D::WrongFamily,
+                wit::DropReason::NodeMismatch => D::NodeMismatch,
+                wit::DropReason::NamespaceMismatch => D::NamespaceMismatch,
+                wit::DropReason::PodMismatch => D::PodMismatch,
+                wit::DropReason::MultusMismatch => D::MultusMismatch,
+                wit::DropReason::AllExcluded => D::AllExcluded,
+                wit::DropReason::AllReserved => D::AllReserved,
+                wit::DropReason::Exhausted => D::Exhausted,
+                wit::DropReason::Other => D::Other,
+            }
+        }
+
+        pub(crate) fn decision_error(e: wit::DecisionError) -> PolicyError {
+            let kind = match e.kind {
+                wit::ErrorKind::InvalidInput => PolicyErrorKind::InvalidInput,
+                wit::ErrorKind::NotReady => PolicyErrorKind::NotReady,
+                wit::ErrorKind::Internal => PolicyErrorKind::Internal,
+            };
+            // The message is the policy's; bound it like any other output.
+            let mut message = e.message;
+            if message.len() > allot_core::policy::MAX_DETAIL_BYTES {
+                let mut end = allot_core::policy::MAX_DETAIL_BYTES;
+                while !message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                message.truncate(end);
+                message.push('…');
+            }
+            PolicyError::new(kind, message)
+        }
+
+        fn family_decision(f: wit::FamilyDecision) -> core::FamilyDecision {
+            core::FamilyDecision {
+                family: family_back(f.family),
+                rule: rule(f.rule),
+                source: f.source,
+                candidates: f.candidates,
+                order: f.order,
+                dropped: f
+                    .dropped
+                    .into_iter()
+                    .map(|d| core::Dropped {
+                        pool: match d.pool {
+                            wit::PoolRef::Index(i) => core::PoolRef::Index(i),
+                            wit::PoolRef::Missing(name) => core::PoolRef::Missing(name),
+                        },
+                        reason: reason(d.reason),
+                        detail: d.detail,
+                    })
+                    .collect(),
+            }
+        }
+
+        fn routes_back(r: Vec<wit::Route>) -> Vec<RouteSpec> {
+            r.into_iter()
+                .map(|r| RouteSpec {
+                    dst: r.dst,
+                    gw: r.gw,
+                })
+                .collect()
+        }
+    };
+}
+
+pub(crate) mod v0_1 {
+    use super::*;
+    use crate::contract::v0_1::allot::policy::types as wit;
+
+    shared_conversions!();
+
+    pub(crate) fn decision(d: wit::Decision) -> core::Decision {
+        core::Decision {
+            nics: d
+                .nics
+                .into_iter()
+                .map(|n| core::NicDecision {
+                    interface: n.interface,
+                    // 0.1.0 can only fail the whole request.
+                    error: None,
+                    clean_gateway: n.clean_gateway,
+                    routes: routes_back(n.routes),
+                    families: n.families.into_iter().map(family_decision).collect(),
+                })
+                .collect(),
+        }
     }
-    PolicyError::new(kind, message)
+}
+
+pub(crate) mod v0_2 {
+    use super::*;
+    use crate::contract::v0_2::allot::policy::types as wit;
+
+    shared_conversions!();
+
+    pub(crate) fn decision(d: wit::Decision) -> core::Decision {
+        core::Decision {
+            nics: d
+                .nics
+                .into_iter()
+                .map(|n| core::NicDecision {
+                    interface: n.interface,
+                    error: n.error.map(decision_error),
+                    clean_gateway: n.clean_gateway,
+                    routes: routes_back(n.routes),
+                    families: n.families.into_iter().map(family_decision).collect(),
+                })
+                .collect(),
+        }
+    }
 }

@@ -8,9 +8,11 @@
 //!   failure behaviour: fail, or fall back to the default policy embedded in every host binary.
 
 mod cache;
+mod contract;
 mod convert;
 mod registry;
 mod runtime;
+mod slots;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -40,7 +42,9 @@ pub struct Limits {
     pub memory_bytes: usize,
     /// Wall-clock budget of one call (load-inventory included when it runs).
     pub deadline: Duration,
-    /// Instances alive at once across all policies of an engine (warm ones included).
+    /// Instances alive at once across all policies of an engine (warm ones included). A quarter
+    /// (at least one) is reserved for the embedded default, so that a custom policy under load
+    /// can never keep the fallback from instantiating; custom policies share the rest.
     pub max_instances: u32,
 }
 
@@ -71,7 +75,9 @@ pub enum LoadError {
     },
     #[error("policy {name} is not a valid component: {reason}")]
     Compile { name: String, reason: String },
-    #[error("policy {name} does not fit the allot:policy@0.1.0 contract: {reason}")]
+    #[error(
+        "policy {name} does not fit the allot:policy contract (0.2.0, or the older 0.1.0): {reason}"
+    )]
     Contract { name: String, reason: String },
     #[error("creating the policy engine: {0}")]
     Engine(String),
@@ -84,6 +90,8 @@ pub struct PolicySource {
     pub bytes: Arc<[u8]>,
     /// Hex sha256 the component must have, when configured.
     pub expected_sha256: Option<String>,
+    /// The embedded default draws from the pool's reserved share (see `slots`).
+    share: slots::Share,
 }
 
 impl PolicySource {
@@ -92,6 +100,7 @@ impl PolicySource {
             name: name.into(),
             bytes: bytes.into(),
             expected_sha256: None,
+            share: slots::Share::Custom,
         }
     }
 
@@ -106,7 +115,10 @@ impl PolicySource {
 
     /// The embedded default policy.
     pub fn embedded_default() -> Self {
-        PolicySource::bytes(DEFAULT_POLICY_NAME, DEFAULT_POLICY_WASM)
+        PolicySource {
+            share: slots::Share::Default,
+            ..PolicySource::bytes(DEFAULT_POLICY_NAME, DEFAULT_POLICY_WASM)
+        }
     }
 
     pub fn with_sha256(mut self, hex: impl Into<String>) -> Self {
@@ -123,16 +135,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 #[derive(Clone)]
 pub struct PolicyEngine {
     engine: Engine,
+    ticker: Arc<runtime::EpochTicker>,
+    slots: Arc<slots::InstanceSlots>,
     limits: Limits,
     cache: Option<PrecompiledCache>,
 }
 
 impl PolicyEngine {
     pub fn new(limits: Limits, cache: Option<PrecompiledCache>) -> Result<Self, LoadError> {
-        let engine =
+        let (engine, ticker) =
             runtime::new_engine(&limits).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         Ok(PolicyEngine {
             engine,
+            ticker,
+            slots: slots::InstanceSlots::new(limits.max_instances),
             limits,
             cache,
         })
@@ -160,11 +176,19 @@ impl PolicyEngine {
         if !foreign.is_empty() {
             tracing::debug!(policy = %source.name, ?foreign, "imports beyond the contract trap when called");
         }
-        let prepared = runtime::Prepared::new(&self.engine, &component, &source.name, self.limits)
-            .map_err(|e| LoadError::Contract {
-                name: source.name.clone(),
-                reason: format!("{e:#}"),
-            })?;
+        let prepared = runtime::Prepared::new(
+            &self.engine,
+            &self.ticker,
+            &self.slots,
+            source.share,
+            &component,
+            &source.name,
+            self.limits,
+        )
+        .map_err(|e| LoadError::Contract {
+            name: source.name.clone(),
+            reason: format!("{e:#}"),
+        })?;
         tracing::info!(policy = %source.name, %digest, from_cache, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "policy loaded");
         Ok(LoadedPolicy {
             name: source.name.clone(),
@@ -221,6 +245,12 @@ impl LoadedPolicy {
     pub fn warm_instances(&self) -> usize {
         self.prepared.warm_instances()
     }
+
+    /// The version of the `allot:policy` contract the component was built against ("0.2.0",
+    /// or "0.1.0" for an older component, which the host keeps running unchanged).
+    pub fn contract_version(&self) -> &'static str {
+        self.prepared.contract_version()
+    }
 }
 
 impl std::fmt::Debug for LoadedPolicy {
@@ -249,5 +279,9 @@ impl Policy for LoadedPolicy {
             ));
         }
         self.prepared.decide(inventory, request)
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
     }
 }

@@ -145,4 +145,12 @@ impl Policy for ClusterHandle {
             .decide(&self.cluster, inventory, request)
             .map(|o| o.decision)
     }
+
+    /// The cluster's current policy, or the default when it has none.
+    fn name(&self) -> String {
+        match self.registry.get(&self.cluster) {
+            Some(entry) => entry.policy.name().to_string(),
+            None => self.registry.default.name().to_string(),
+        }
+    }
 }

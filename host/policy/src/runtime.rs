@@ -2,26 +2,20 @@
 //! limits that keep a hostile policy from hurting the host. The rest of the crate sees plain
 //! Rust and allot-core types.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use allot_core::policy::{Decision, Inventory, Request};
 use allot_core::{PolicyError, PolicyErrorKind};
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::Component;
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
     Trap,
 };
 
 use crate::Limits;
-use crate::convert;
-
-wasmtime::component::bindgen!({
-    world: "pool-policy",
-    path: "../../wit",
-});
-
-pub(crate) use allot::policy::types as wit;
+use crate::contract::{self, GuestInventory};
+use crate::slots::{InstanceSlots, Share, Slot};
 
 /// How often the engine's epoch advances; deadlines are whole ticks.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -30,7 +24,7 @@ pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(1);
 const MAX_LOG_LINES: usize = 32;
 const MAX_LOG_LINE: usize = 1024;
 
-pub(crate) fn new_engine(limits: &Limits) -> wasmtime::Result<Engine> {
+pub(crate) fn new_engine(limits: &Limits) -> wasmtime::Result<(Engine, Arc<EpochTicker>)> {
     let mut config = Config::new();
     config.epoch_interruption(true);
     // Synchronous WIT: no async machinery on the call path (it halves the cost of a call).
@@ -46,34 +40,110 @@ pub(crate) fn new_engine(limits: &Limits) -> wasmtime::Result<Engine> {
         .max_memory_size(limits.memory_bytes.saturating_add(16 << 20));
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     let engine = Engine::new(&config)?;
-    start_epoch_ticker(&engine);
-    Ok(engine)
+    let ticker = EpochTicker::start(&engine);
+    Ok((engine, ticker))
 }
 
-/// Advances the epoch once per tick of wall-clock time for as long as the engine lives. Ticks
-/// follow the clock, not the count of sleeps (each sleep overshoots a little, and 100 of them
-/// would stretch a 100 ms deadline by several milliseconds); a late wake-up catches up.
-fn start_epoch_ticker(engine: &Engine) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("allot-policy-epoch".into())
-        .spawn(move || {
-            let start = Instant::now();
-            let mut ticks: u128 = 0;
-            loop {
-                let due = start.elapsed().as_nanos() / EPOCH_TICK.as_nanos();
-                let Some(engine) = weak.upgrade() else { return };
-                while ticks < due {
-                    engine.increment_epoch();
-                    ticks += 1;
-                }
-                drop(engine);
-                let next =
-                    start + Duration::from_nanos(((ticks + 1) * EPOCH_TICK.as_nanos()) as u64);
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+/// Advances the engine's epoch once per tick of wall-clock time, but only while a policy call
+/// is in flight: an idle agent's ticker sleeps on a condition variable instead of waking a
+/// thousand times a second. Ticks follow the clock, not the count of sleeps (each sleep
+/// overshoots a little, and 100 of them would stretch a 100 ms deadline by several
+/// milliseconds); a late wake-up catches up. The first tick after an idle spell comes at once,
+/// so a call that woke the ticker is stopped no later than with a ticker that never slept
+/// (between its deadline and one tick past it, plus the wake-up), and never before.
+pub(crate) struct EpochTicker {
+    shared: Arc<TickerShared>,
+}
+
+struct TickerShared {
+    state: Mutex<TickerState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct TickerState {
+    in_flight: usize,
+    stopped: bool,
+}
+
+impl TickerShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TickerState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl EpochTicker {
+    fn start(engine: &Engine) -> Arc<Self> {
+        let shared = Arc::new(TickerShared {
+            state: Mutex::new(TickerState::default()),
+            wake: Condvar::new(),
+        });
+        let weak = engine.weak();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("allot-policy-epoch".into())
+            .spawn(move || tick_while_busy(&weak, &thread_shared))
+            .expect("spawning the epoch thread");
+        Arc::new(EpochTicker { shared })
+    }
+
+    /// Marks a call in flight until the guard drops; the epoch advances meanwhile.
+    pub(crate) fn enter(&self) -> InFlight<'_> {
+        let mut state = self.shared.lock();
+        state.in_flight += 1;
+        if state.in_flight == 1 {
+            self.shared.wake.notify_one();
+        }
+        InFlight { ticker: self }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.shared.lock().stopped = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+pub(crate) struct InFlight<'a> {
+    ticker: &'a EpochTicker,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.ticker.shared.lock().in_flight -= 1;
+    }
+}
+
+fn tick_while_busy(weak: &wasmtime::EngineWeak, shared: &TickerShared) {
+    loop {
+        {
+            let mut state = shared.lock();
+            while state.in_flight == 0 && !state.stopped {
+                state = shared.wake.wait(state).unwrap_or_else(|p| p.into_inner());
             }
-        })
-        .expect("spawning the epoch thread");
+            if state.stopped {
+                return;
+            }
+        }
+        let start = Instant::now();
+        let mut ticks: u128 = 0;
+        loop {
+            // Tick 0 is due at once: see the type's comment.
+            let due = start.elapsed().as_nanos() / EPOCH_TICK.as_nanos() + 1;
+            let Some(engine) = weak.upgrade() else { return };
+            while ticks < due {
+                engine.increment_epoch();
+                ticks += 1;
+            }
+            drop(engine);
+            if shared.lock().in_flight == 0 {
+                break;
+            }
+            let next = start + Duration::from_nanos((ticks * EPOCH_TICK.as_nanos()) as u64);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+    }
 }
 
 /// What a store carries: the memory cap and the policy's log lines for the current call.
@@ -83,6 +153,27 @@ pub(crate) struct HostState {
     memory_cap_hit: Option<usize>,
     log_lines: usize,
     last_panic: Option<String>,
+    /// When the current call's time is up, by the wall clock. The epoch is only a cheap
+    /// trigger: a ticker starved by a loaded machine catches up in a burst, and a call started
+    /// just before the burst must not be stopped early (see `wall_clock_deadline`).
+    wall_deadline: Option<Instant>,
+}
+
+/// Called when a call's epoch deadline passes: stops the guest only once the wall-clock
+/// deadline has passed too; otherwise extends the epoch deadline to the time that is left.
+fn wall_clock_deadline(
+    ctx: wasmtime::StoreContextMut<'_, HostState>,
+) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+    let now = Instant::now();
+    Ok(match ctx.data().wall_deadline {
+        Some(deadline) if now < deadline => {
+            let left = deadline - now;
+            wasmtime::UpdateDeadline::Continue(
+                (left.as_micros() / EPOCH_TICK.as_micros()) as u64 + 1,
+            )
+        }
+        _ => wasmtime::UpdateDeadline::Interrupt,
+    })
 }
 
 impl ResourceLimiter for HostState {
@@ -112,8 +203,9 @@ impl ResourceLimiter for HostState {
     }
 }
 
-impl allot::policy::host::Host for HostState {
-    fn log(&mut self, level: wit::LogLevel, message: String) {
+impl HostState {
+    /// The contract's one import, whichever version the policy was built against.
+    pub(crate) fn log(&mut self, level: tracing::Level, message: &str) {
         if let Some(panic) = message.strip_prefix("panic: ") {
             self.last_panic = Some(truncate(panic, MAX_LOG_LINE).to_string());
         }
@@ -121,18 +213,16 @@ impl allot::policy::host::Host for HostState {
         if self.log_lines > MAX_LOG_LINES {
             return;
         }
-        let message = truncate(&message, MAX_LOG_LINE);
+        let message = truncate(message, MAX_LOG_LINE);
         let policy = &*self.policy_name;
         match level {
-            wit::LogLevel::Error => tracing::error!(policy, "{message}"),
-            wit::LogLevel::Warn => tracing::warn!(policy, "{message}"),
-            wit::LogLevel::Info => tracing::info!(policy, "{message}"),
-            wit::LogLevel::Debug => tracing::debug!(policy, "{message}"),
+            tracing::Level::ERROR => tracing::error!(policy, "{message}"),
+            tracing::Level::WARN => tracing::warn!(policy, "{message}"),
+            tracing::Level::INFO => tracing::info!(policy, "{message}"),
+            _ => tracing::debug!(policy, "{message}"),
         }
     }
 }
-
-impl allot::policy::types::Host for HostState {}
 
 fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
@@ -148,39 +238,45 @@ fn truncate(s: &str, max: usize) -> &str {
 /// A compiled component, linked and ready to instantiate.
 pub(crate) struct Prepared {
     engine: Engine,
-    pre: PoolPolicyPre<HostState>,
+    ticker: Arc<EpochTicker>,
+    pre: contract::Pre,
     name: Arc<str>,
     limits: Limits,
+    slots: Arc<InstanceSlots>,
+    share: Share,
     warm: Mutex<Vec<Warm>>,
     /// The inventory converted for the guest, shared by every instance of this generation.
-    converted: Mutex<Option<(Arc<Inventory>, Arc<wit::Inventory>)>>,
+    converted: Mutex<Option<(Arc<Inventory>, Arc<GuestInventory>)>>,
 }
 
 /// A live instance with the inventory it last loaded.
 struct Warm {
     store: Store<HostState>,
-    bindings: PoolPolicy,
+    bindings: contract::Instance,
     loaded: Option<Arc<Inventory>>,
+    /// Last, so that it is freed after the store (and with it wasmtime's slot).
+    _slot: Slot,
 }
 
 impl Prepared {
     pub(crate) fn new(
         engine: &Engine,
+        ticker: &Arc<EpochTicker>,
+        slots: &Arc<InstanceSlots>,
+        share: Share,
         component: &Component,
         name: &str,
         limits: Limits,
     ) -> wasmtime::Result<Self> {
-        let mut linker: Linker<HostState> = Linker::new(engine);
-        PoolPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-        // A policy built with std may still name WASI functions it never calls (stderr for
-        // panics). They get no capability: calling one traps.
-        linker.define_unknown_imports_as_traps(component)?;
-        let pre = PoolPolicyPre::new(linker.instantiate_pre(component)?)?;
+        let pre = contract::Pre::new(engine, component)?;
         Ok(Prepared {
             engine: engine.clone(),
+            ticker: ticker.clone(),
             pre,
             name: name.into(),
             limits,
+            slots: slots.clone(),
+            share,
             warm: Mutex::new(Vec::new()),
             converted: Mutex::new(None),
         })
@@ -196,18 +292,59 @@ impl Prepared {
             .collect()
     }
 
-    fn new_warm(&self) -> Result<Warm, PolicyError> {
+    fn pop_warm(&self) -> Option<Warm> {
+        self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    /// A warm instance, else a new one if the policy's share of the pool has a free slot, else
+    /// the first of either within the deadline (see `slots`).
+    fn take_instance(&self) -> Result<Warm, PolicyError> {
+        if let Some(warm) = self.pop_warm() {
+            return Ok(warm);
+        }
+        let until = Instant::now() + self.limits.deadline;
+        let mut counts = self.slots.lock();
+        loop {
+            // Checked again under the slots' lock: whoever returns an instance notifies under it.
+            if let Some(warm) = self.pop_warm() {
+                return Ok(warm);
+            }
+            if let Some(slot) = self.slots.try_take(&mut counts, self.share) {
+                drop(counts);
+                return self.new_warm(slot);
+            }
+            counts = match self.slots.wait_until(counts, until) {
+                Some(counts) => counts,
+                None => {
+                    return Err(PolicyError::new(
+                        PolicyErrorKind::Deadline,
+                        format!(
+                            "policy {} got no instance within its deadline of {} ms: all {} \
+                             instances it may have are busy; raise the instance limit or make \
+                             the policy's calls shorter",
+                            self.name,
+                            self.limits.deadline.as_millis(),
+                            self.slots.share_size(self.share)
+                        ),
+                    ));
+                }
+            };
+        }
+    }
+
+    fn new_warm(&self, slot: Slot) -> Result<Warm, PolicyError> {
         let state = HostState {
             policy_name: self.name.clone(),
             memory_cap: self.limits.memory_bytes,
             memory_cap_hit: None,
             log_lines: 0,
             last_panic: None,
+            wall_deadline: Some(Instant::now() + self.limits.deadline),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| s);
         store.set_epoch_deadline(self.deadline_ticks());
-        store.epoch_deadline_trap();
+        store.epoch_deadline_callback(wall_clock_deadline);
         let bindings = self.pre.instantiate(&mut store).map_err(|e| {
             PolicyError::new(
                 PolicyErrorKind::Load,
@@ -218,6 +355,7 @@ impl Prepared {
             store,
             bindings,
             loaded: None,
+            _slot: slot,
         })
     }
 
@@ -225,12 +363,12 @@ impl Prepared {
         (self.limits.deadline.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
     }
 
-    fn converted(&self, inventory: &Arc<Inventory>) -> Arc<wit::Inventory> {
+    fn converted(&self, inventory: &Arc<Inventory>) -> Arc<GuestInventory> {
         let mut slot = self.converted.lock().unwrap_or_else(|p| p.into_inner());
         match &*slot {
             Some((inv, wit)) if Arc::ptr_eq(inv, inventory) => wit.clone(),
             _ => {
-                let wit = Arc::new(convert::inventory(inventory));
+                let wit = Arc::new(self.pre.convert_inventory(inventory));
                 *slot = Some((inventory.clone(), wit.clone()));
                 wit
             }
@@ -242,11 +380,8 @@ impl Prepared {
         inventory: &Arc<Inventory>,
         request: &Request,
     ) -> Result<Decision, PolicyError> {
-        let taken = self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut warm = match taken {
-            Some(w) => w,
-            None => self.new_warm()?,
-        };
+        let _in_flight = self.ticker.enter();
+        let mut warm = self.take_instance()?;
         let started = Instant::now();
         match self.call(&mut warm, inventory, request) {
             Ok(verdict) => {
@@ -254,6 +389,7 @@ impl Prepared {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push(warm);
+                self.slots.notify_returned();
                 let decision = verdict?;
                 decision.validate(inventory, request)?;
                 Ok(decision)
@@ -273,22 +409,19 @@ impl Prepared {
         let state = warm.store.data_mut();
         state.log_lines = 0;
         state.last_panic = None;
+        state.wall_deadline = Some(Instant::now() + self.limits.deadline);
         warm.store.set_epoch_deadline(self.deadline_ticks());
-        let guest = warm.bindings.allot_policy_policy();
         if !warm
             .loaded
             .as_ref()
             .is_some_and(|l| Arc::ptr_eq(l, inventory))
         {
             let converted = self.converted(inventory);
-            guest.call_load_inventory(&mut warm.store, &converted)?;
+            warm.bindings.load_inventory(&mut warm.store, &converted)?;
             warm.loaded = Some(inventory.clone());
         }
-        let req = convert::request(inventory.generation, request);
-        let verdict = guest.call_decide(&mut warm.store, &req)?;
-        Ok(verdict
-            .map(convert::decision)
-            .map_err(convert::decision_error))
+        warm.bindings
+            .decide(&mut warm.store, inventory.generation, request)
     }
 
     fn classify(&self, warm: &Warm, err: wasmtime::Error, elapsed: Duration) -> PolicyError {
@@ -324,6 +457,11 @@ impl Prepared {
             PolicyErrorKind::Trap,
             format!("policy {name} trapped: {err:#}"),
         )
+    }
+
+    /// The contract version the component was built against, e.g. "0.2.0".
+    pub(crate) fn contract_version(&self) -> &'static str {
+        self.pre.version()
     }
 
     /// Instances kept warm right now (for tests and metrics).

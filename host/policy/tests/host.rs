@@ -96,6 +96,10 @@ fn a_corrupt_cache_entry_is_discarded_and_recompiled() {
     assert!(!again.from_cache());
 }
 
+fn installed(registry: &PolicyRegistry, cluster: &str) -> Arc<allot_policy::LoadedPolicy> {
+    registry.get(cluster).unwrap().policy.clone()
+}
+
 fn hostile_mode(mode: &str) -> allot_core::policy::Request {
     let inv = common::inventory(3);
     let mut req = common::request(&inv);
@@ -134,6 +138,12 @@ fn registry_falls_back_to_the_default_only_when_asked_and_only_on_faults() {
         .unwrap_err();
     assert_eq!(err.kind, PolicyErrorKind::InvalidInput);
 
+    // The engine names the policy that decides for a cluster in its errors.
+    let registry = Arc::new(registry);
+    assert_eq!(Policy::name(&*installed(&registry, "strict")), "hostile");
+    assert_eq!(Policy::name(&registry.for_cluster("other")), "default");
+    assert_eq!(Policy::name(&registry.for_cluster("strict")), "hostile");
+
     // Unknown clusters use the default policy.
     assert_eq!(
         registry
@@ -142,6 +152,93 @@ fn registry_falls_back_to_the_default_only_when_asked_and_only_on_faults() {
             .decided_by,
         "default"
     );
+}
+
+#[test]
+fn a_looping_custom_policy_under_load_never_starves_the_default() {
+    // 4 slots: 1 reserved for the default, 3 for custom policies; twice as many callers of the
+    // looping policy as it may have instances. (Few slots: each looping instance spins a core,
+    // and the default's deadline is wall-clock time on the same two cores.)
+    let e = PolicyEngine::new(
+        Limits {
+            deadline: Duration::from_millis(100),
+            max_instances: 4,
+            ..Limits::default()
+        },
+        None,
+    )
+    .unwrap();
+    let default = Arc::new(e.load(&PolicySource::embedded_default()).unwrap());
+    let hostile = Arc::new(
+        e.load(&PolicySource::bytes("hostile", common::hostile_wasm()))
+            .unwrap(),
+    );
+    let registry = Arc::new(PolicyRegistry::new(default));
+    registry.install("loopy", hostile.clone(), OnFailure::FallBackToDefault);
+    let inv = common::inventory(3);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    let callers: Vec<_> = (0..6)
+        .map(|i| {
+            let (registry, inv, stop) = (registry.clone(), inv.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut fell_back = 0;
+                // Some callers also make sound calls, which keep warm instances of the custom
+                // policy: those hold slots too.
+                let modes = if i % 3 == 0 {
+                    ["loop", "sound"]
+                } else {
+                    ["loop", "loop"]
+                };
+                let mut calls = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let outcome = registry
+                        .decide("loopy", &inv, &hostile_mode(modes[calls % 2]))
+                        .unwrap_or_else(|e| panic!("a call of the looping policy failed: {e}"));
+                    assert_eq!(outcome.decision.nics[0].families[0].order, vec![0, 1, 2]);
+                    if outcome.decided_by == "default" {
+                        fell_back += 1;
+                        let fault = outcome.fallback_from.unwrap();
+                        assert_eq!(fault.kind, PolicyErrorKind::Deadline, "{}", fault.message);
+                    }
+                    calls += 1;
+                }
+                fell_back
+            })
+        })
+        .collect();
+
+    // Meanwhile a cluster without a custom policy keeps deciding, correctly and without waiting
+    // for the custom policy's instances.
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut plain_calls = 0;
+    while started.elapsed() < Duration::from_secs(1) {
+        let call = Instant::now();
+        let outcome = registry
+            .decide("plain", &inv, &common::request(&inv))
+            .unwrap_or_else(|e| panic!("the default failed while the custom policy looped: {e}"));
+        slowest = slowest.max(call.elapsed());
+        assert_eq!(outcome.decided_by, "default");
+        assert_eq!(outcome.decision.nics[0].families[0].order, vec![0, 1, 2]);
+        plain_calls += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let fell_back: usize = callers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(fell_back > 0, "the looping policy never faulted");
+    assert!(
+        plain_calls > 10,
+        "only {plain_calls} default decisions in 1 s"
+    );
+    // Far below a deadline's wait for a slot plus a deadline's run, which is what a default
+    // sharing the custom policy's slots would take; generous for a loaded machine.
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a default decision took {slowest:?}"
+    );
+    // The custom policy kept within its share: 3 of the 4 slots.
+    assert!(hostile.warm_instances() <= 3);
 }
 
 #[test]

@@ -34,6 +34,9 @@ use std::thread;
 
 use allot_core::store::{Attachment, Claim, PodRef, Store, StoreError};
 
+mod feed;
+pub use feed::*;
+
 /// Threads in the concurrency checks.
 pub const THREADS: usize = 16;
 
@@ -70,10 +73,19 @@ macro_rules! store_contract_tests {
             concurrent_claims_of_distinct_addresses_all_succeed
             concurrent_releases_have_one_winner
             concurrent_reattach_has_one_winner
+            feed_reports_every_change_in_order
+            failed_writes_add_no_change
+            revision_from_the_future_is_compacted
+            snapshot_has_claims_releases_and_cursors
+            claim_batch_with_reattach_is_all_or_nothing
+            release_unchanged_keeps_changed_claims
+            claims_of_pod_and_detached
         );
         $crate::store_contract_tests!(@location [$location] [$open]
             reopen_keeps_everything
             handles_on_one_location_race_safely
+            handles_see_each_others_changes
+            revision_survives_reopen
         );
     };
     (@store [$location:expr] [$open:expr] $($check:ident)*) => {

@@ -45,59 +45,27 @@
 //! locks do the work. Lists are returned ordered by address.
 
 use std::fmt;
-use std::fs;
-use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use allot_core::store::{Attachment, Claim, PodRef, Store, StoreError};
-use rusqlite::types::ValueRef;
-use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior, params};
+use allot_core::store::{
+    Attachment, Change, ChangeKind, Changes, Claim, Reattach, Snapshot, Store, StoreError,
+};
+use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, params};
+mod schema;
 
-/// `PRAGMA application_id` of an allot state file: "allt".
-pub const APPLICATION_ID: i32 = 0x616c_6c74;
-
-/// How long a writer waits for another process's lock before giving up.
-pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Schema migrations: `MIGRATIONS[i]` takes a file from version `i` to `i + 1`. Append only:
-/// never edit a released entry.
-const MIGRATIONS: &[&str] = &[
-    // 1: claims.
-    "CREATE TABLE claims (
-        address       TEXT PRIMARY KEY NOT NULL,
-        family        INTEGER NOT NULL CHECK (family IN (4, 6)),
-        pool          TEXT NOT NULL,
-        container_id  TEXT,
-        interface     TEXT,
-        pod_namespace TEXT NOT NULL,
-        pod_name      TEXT NOT NULL,
-        pod_uid       TEXT NOT NULL,
-        owner_kind    TEXT,
-        owner_name    TEXT,
-        updated_at    INTEGER NOT NULL CHECK (updated_at >= 0),
-        CHECK ((container_id IS NULL) = (interface IS NULL))
-    ) WITHOUT ROWID;
-    CREATE INDEX claims_by_attachment ON claims (container_id, interface);
-    CREATE INDEX claims_by_pod ON claims (pod_namespace, pod_name);",
-    // 2: the CNI network of each claim (GC runs per network).
-    "ALTER TABLE claims ADD COLUMN network TEXT NOT NULL DEFAULT '';
-    CREATE INDEX claims_by_network ON claims (network);",
-];
-
-/// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
-
-const COLUMNS: &str = "address, family, pool, container_id, interface, pod_namespace, pod_name, \
-                       pod_uid, owner_kind, owner_name, updated_at, network";
+pub use schema::{APPLICATION_ID, DEFAULT_BUSY_TIMEOUT, SCHEMA_VERSION};
+use schema::{COLUMNS, decode, describe, family, migrate, prepare_file, retry_busy, seconds};
 
 /// A [`Store`] on a SQLite file. See the [module documentation](self).
 pub struct SqliteStore {
     path: PathBuf,
     busy_timeout: Duration,
     conn: Mutex<Connection>,
+    /// Writes so far, to compact the change feed now and then.
+    writes: Mutex<u64>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -159,6 +127,7 @@ impl SqliteStore {
             path,
             busy_timeout,
             conn: Mutex::new(conn),
+            writes: Mutex::new(0),
         })
     }
 
@@ -218,46 +187,153 @@ impl SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
-    fn claim(&self, claims: &[Claim]) -> Result<(), StoreError> {
+impl SqliteStore {
+    fn insert_claims(
+        &self,
+        tx: &Transaction<'_>,
+        what: &str,
+        claims: &[Claim],
+    ) -> Result<(), StoreError> {
         if claims.is_empty() {
             return Ok(());
         }
+        let mut insert = tx
+            .prepare_cached(&format!(
+                "INSERT INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+                 ON CONFLICT (address) DO NOTHING"
+            ))
+            .map_err(|e| self.fail(what, e))?;
+        for c in claims {
+            let (container_id, interface) = match &c.attachment {
+                Some(a) => (Some(a.container_id.as_str()), Some(a.interface.as_str())),
+                None => (None, None),
+            };
+            let inserted = insert
+                .execute(params![
+                    c.address.to_string(),
+                    family(c.address),
+                    c.pool,
+                    container_id,
+                    interface,
+                    c.pod.namespace,
+                    c.pod.name,
+                    c.pod.uid,
+                    c.pod.owner_kind,
+                    c.pod.owner_name,
+                    seconds(c.address, c.updated_at)?,
+                    c.network,
+                ])
+                .map_err(|e| self.fail(what, e))?;
+            if inserted == 0 {
+                // Dropping the transaction rolls back everything written before this one.
+                return Err(StoreError::Conflict(c.address));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in a read transaction: every query sees the same committed state.
+    fn read<T>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Deferred)
+            .map_err(|e| self.fail(what, e))?;
+        let out = f(&tx)?;
+        tx.finish().map_err(|e| self.fail(what, e))?;
+        Ok(out)
+    }
+
+    /// The revision of the last change ever recorded (0 for none).
+    fn revision(&self, tx: &Transaction<'_>, what: &str) -> Result<u64, StoreError> {
+        tx.query_row(
+            "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n.max(0) as u64)
+        .map_err(|e| self.fail(what, e))
+    }
+
+    /// Forgets changes older than [`CHANGE_RETENTION`] now and then (always keeping the last
+    /// one, so the revision stays readable): a reader further behind resyncs from a snapshot.
+    fn compact(&self, tx: &Transaction<'_>, what: &str) -> Result<(), StoreError> {
+        let mut writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        *writes += 1;
+        if !(*writes).is_multiple_of(COMPACT_EVERY) {
+            return Ok(());
+        }
+        tx.execute(
+            "DELETE FROM changes WHERE at < unixepoch() - ?1 \
+             AND revision < (SELECT max(revision) FROM changes)",
+            params![CHANGE_RETENTION.as_secs() as i64],
+        )
+        .map(drop)
+        .map_err(|e| self.fail(what, e))
+    }
+}
+
+/// How long the change feed remembers (longer than any cooldown; a reader behind resyncs).
+pub const CHANGE_RETENTION: Duration = Duration::from_secs(3600);
+
+/// Writes between two compactions of the change feed.
+const COMPACT_EVERY: u64 = 256;
+
+impl Store for SqliteStore {
+    fn claim_batch(
+        &self,
+        fresh: &[Claim],
+        reattach: &[Reattach],
+    ) -> Result<Vec<Claim>, StoreError> {
+        if fresh.is_empty() && reattach.is_empty() {
+            return Ok(Vec::new());
+        }
         let what = "cannot record claims";
         self.write(what, |tx| {
-            let mut insert = tx
-                .prepare_cached(&format!(
-                    "INSERT INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
-                     ON CONFLICT (address) DO NOTHING"
-                ))
-                .map_err(|e| self.fail(what, e))?;
-            for c in claims {
-                let (container_id, interface) = match &c.attachment {
-                    Some(a) => (Some(a.container_id.as_str()), Some(a.interface.as_str())),
-                    None => (None, None),
-                };
-                let inserted = insert
-                    .execute(params![
-                        c.address.to_string(),
-                        family(c.address),
-                        c.pool,
-                        container_id,
-                        interface,
-                        c.pod.namespace,
-                        c.pod.name,
-                        c.pod.uid,
-                        c.pod.owner_kind,
-                        c.pod.owner_name,
-                        seconds(c.address, c.updated_at)?,
-                        c.network,
-                    ])
-                    .map_err(|e| self.fail(what, e))?;
-                if inserted == 0 {
-                    // Dropping the transaction rolls back the claims inserted before this one.
-                    return Err(StoreError::Conflict(c.address));
+            self.insert_claims(tx, what, fresh)?;
+            let mut out = Vec::with_capacity(reattach.len());
+            for r in reattach {
+                // The pod is the same by namespace and name; its UID and owner are those of the
+                // new incarnation (a restarted StatefulSet pod has a new UID, and GC compares
+                // UIDs).
+                let mut claims = self.rows(
+                    tx,
+                    what,
+                    &format!(
+                        "UPDATE claims SET container_id = ?2, interface = ?3, pod_uid = ?6, owner_kind = ?7, \
+                         owner_name = ?8, updated_at = ?9 \
+                         WHERE address = ?1 AND container_id IS NULL AND interface IS NULL \
+                         AND pod_namespace = ?4 AND pod_name = ?5 RETURNING {COLUMNS}"
+                    ),
+                    params![
+                        r.address.to_string(),
+                        r.attachment.container_id,
+                        r.attachment.interface,
+                        r.pod.namespace,
+                        r.pod.name,
+                        r.pod.uid,
+                        r.pod.owner_kind,
+                        r.pod.owner_name,
+                        seconds(r.address, r.now)?,
+                    ],
+                )?;
+                match claims.pop() {
+                    Some(claim) if claims.is_empty() => out.push(claim),
+                    Some(_) => {
+                        return Err(StoreError::Backend(format!(
+                            "{}: {what}: more than one row for {}",
+                            self.path.display(),
+                            r.address
+                        )));
+                    }
+                    None => return Err(StoreError::Stale(r.address)),
                 }
             }
-            Ok(())
+            self.compact(tx, what)?;
+            Ok(out)
         })
     }
 
@@ -295,6 +371,39 @@ impl Store for SqliteStore {
         })
     }
 
+    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let what = format!("cannot release {} claims", claims.len());
+        self.write(&what, |tx| {
+            let mut out = Vec::new();
+            for c in claims {
+                let (container_id, interface) = match &c.attachment {
+                    Some(a) => (Some(a.container_id.as_str()), Some(a.interface.as_str())),
+                    None => (None, None),
+                };
+                out.extend(self.rows(
+                    tx,
+                    &what,
+                    &format!(
+                        "DELETE FROM claims WHERE address = ?1 AND container_id IS ?2 AND interface IS ?3 \
+                         AND pod_uid = ?4 AND updated_at = ?5 RETURNING {COLUMNS}"
+                    ),
+                    params![
+                        c.address.to_string(),
+                        container_id,
+                        interface,
+                        c.pod.uid,
+                        seconds(c.address, c.updated_at)?,
+                    ],
+                )?);
+            }
+            self.compact(tx, &what)?;
+            Ok(out)
+        })
+    }
+
     fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
         let what = format!("cannot detach the claims of {attachment}");
         let now = i64::try_from(now)
@@ -312,50 +421,6 @@ impl Store for SqliteStore {
         })
     }
 
-    fn reattach(
-        &self,
-        address: IpAddr,
-        pod: &PodRef,
-        attachment: &Attachment,
-        now: u64,
-    ) -> Result<Claim, StoreError> {
-        let what = format!("cannot reattach {address} to {attachment}");
-        let now = seconds(address, now)?;
-        self.write(&what, |tx| {
-            // The pod is the same by namespace and name; its UID and owner are those of the new
-            // incarnation (a restarted StatefulSet pod has a new UID, and GC compares UIDs).
-            let mut claims = self.rows(
-                tx,
-                &what,
-                &format!(
-                    "UPDATE claims SET container_id = ?2, interface = ?3, pod_uid = ?6, owner_kind = ?7, \
-                     owner_name = ?8, updated_at = ?9 \
-                     WHERE address = ?1 AND container_id IS NULL AND interface IS NULL \
-                     AND pod_namespace = ?4 AND pod_name = ?5 RETURNING {COLUMNS}"
-                ),
-                params![
-                    address.to_string(),
-                    attachment.container_id,
-                    attachment.interface,
-                    pod.namespace,
-                    pod.name,
-                    pod.uid,
-                    pod.owner_kind,
-                    pod.owner_name,
-                    now,
-                ],
-            )?;
-            match claims.pop() {
-                Some(claim) if claims.is_empty() => Ok(claim),
-                Some(_) => Err(StoreError::Backend(format!(
-                    "{}: {what}: more than one row for one address",
-                    self.path.display()
-                ))),
-                None => Err(StoreError::Stale(address)),
-            }
-        })
-    }
-
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
         let conn = self.lock();
         self.rows(
@@ -366,16 +431,23 @@ impl Store for SqliteStore {
         )
     }
 
-    fn detached_of(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
+    fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
         let conn = self.lock();
         self.rows(
             &conn,
-            &format!("cannot read the detached claims of {namespace}/{name}"),
-            &format!(
-                "SELECT {COLUMNS} FROM claims \
-                 WHERE pod_namespace = ?1 AND pod_name = ?2 AND container_id IS NULL AND interface IS NULL"
-            ),
+            &format!("cannot read the claims of pod {namespace}/{name}"),
+            &format!("SELECT {COLUMNS} FROM claims WHERE pod_namespace = ?1 AND pod_name = ?2"),
             params![namespace, name],
+        )
+    }
+
+    fn detached(&self) -> Result<Vec<Claim>, StoreError> {
+        let conn = self.lock();
+        self.rows(
+            &conn,
+            "cannot read the detached claims",
+            &format!("SELECT {COLUMNS} FROM claims WHERE container_id IS NULL"),
+            [],
         )
     }
 
@@ -388,284 +460,112 @@ impl Store for SqliteStore {
             [],
         )
     }
-}
 
-fn family(address: IpAddr) -> i64 {
-    match address {
-        IpAddr::V4(_) => 4,
-        IpAddr::V6(_) => 6,
+    fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError> {
+        let what = "cannot read a snapshot of the claims";
+        let since = i64::try_from(released_since).unwrap_or(i64::MAX);
+        self.read(what, |tx| {
+            let revision = self.revision(tx, what)?;
+            let claims = self.rows(tx, what, &format!("SELECT {COLUMNS} FROM claims"), [])?;
+            let pairs =
+                |sql: &str, arg: Option<i64>| -> Result<Vec<(String, String, i64)>, StoreError> {
+                    let mut stmt = tx.prepare_cached(sql).map_err(|e| self.fail(what, e))?;
+                    let map = |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?));
+                    let rows = match arg {
+                        Some(a) => stmt.query_map(params![a], map),
+                        None => stmt.query_map([], map),
+                    };
+                    rows.and_then(|rows| rows.collect())
+                        .map_err(|e| self.fail(what, e))
+                };
+            // Released in the window and not claimed since: cooling down.
+            let released = pairs(
+                "SELECT address, '', max(at) FROM changes WHERE kind = 2 AND at >= ?1 \
+                 AND address NOT IN (SELECT address FROM claims) GROUP BY address",
+                Some(since),
+            )?
+            .into_iter()
+            .filter_map(|(a, _, at)| Some((a.parse().ok()?, u64::try_from(at).ok()?)))
+            .collect();
+            let cursors = pairs("SELECT pool, address, 0 FROM cursors", None)?
+                .into_iter()
+                .filter_map(|(p, a, _)| Some((p, a.parse().ok()?)))
+                .collect();
+            Ok(Snapshot {
+                revision,
+                claims,
+                released,
+                cursors,
+            })
+        })
     }
-}
 
-fn seconds(address: IpAddr, t: u64) -> Result<i64, StoreError> {
-    i64::try_from(t)
-        .map_err(|_| StoreError::Backend(format!("claim for {address}: time {t} is out of range")))
-}
-
-/// Creates the missing parent directories (0700) and the file (0600), so that permission
-/// problems are reported with the operating system's reason rather than SQLite's "unable to
-/// open database file".
-fn prepare_file(path: &Path) -> Result<(), StoreError> {
-    let hint = "run as root, or pass --state with a writable path";
-    if path.as_os_str().is_empty() {
-        return Err(StoreError::Backend(
-            "the state file path is empty: pass --state with a file path".into(),
-        ));
-    }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
-        && !parent.is_dir()
-    {
-        let mut builder = fs::DirBuilder::new();
-        builder.recursive(true);
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        builder.create(parent).map_err(|e| {
-            let why = match e.kind() {
-                io::ErrorKind::PermissionDenied => format!("permission denied: {hint}"),
-                _ => e.to_string(),
-            };
-            StoreError::Backend(format!(
-                "cannot create the directory {} for the state file: {why}",
-                parent.display()
-            ))
-        })?;
-    }
-    if path.is_dir() {
-        return Err(StoreError::Backend(format!(
-            "{} is a directory: pass the path of the state file (e.g. {}/claims.db)",
-            path.display(),
-            path.display()
-        )));
-    }
-    let mut options = fs::OpenOptions::new();
-    options.read(true).write(true).create(true).truncate(false);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path).map(drop).map_err(|e| {
-        let why = match e.kind() {
-            io::ErrorKind::PermissionDenied => format!("permission denied: {hint}"),
-            io::ErrorKind::ReadOnlyFilesystem => format!("read-only file system: {hint}"),
-            _ => e.to_string(),
-        };
-        StoreError::Backend(format!(
-            "cannot open the state file {}: {why}",
-            path.display()
-        ))
-    })
-}
-
-/// Retries `f` while SQLite reports BUSY, for at most `budget`.
-fn retry_busy<T>(
-    budget: Duration,
-    mut f: impl FnMut() -> rusqlite::Result<T>,
-) -> rusqlite::Result<T> {
-    let deadline = std::time::Instant::now() + budget;
-    loop {
-        match f() {
-            Err(e)
-                if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy)
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(5));
+    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
+        let what = "cannot read the change feed";
+        self.read(what, |tx| {
+            let current = self.revision(tx, what)?;
+            if revision > current {
+                // A revision of another file (the state file was replaced): start over.
+                return Ok(Changes::Compacted);
             }
-            other => return other,
-        }
+            if revision == current {
+                return Ok(Changes::Since {
+                    changes: Vec::new(),
+                    revision,
+                });
+            }
+            let oldest: Option<i64> = tx
+                .query_row("SELECT min(revision) FROM changes", [], |r| r.get(0))
+                .map_err(|e| self.fail(what, e))?;
+            if oldest.is_none_or(|o| o as u64 > revision + 1) {
+                return Ok(Changes::Compacted);
+            }
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT revision, address, kind, at FROM changes WHERE revision > ?1 ORDER BY revision",
+                )
+                .map_err(|e| self.fail(what, e))?;
+            let rows: Vec<(i64, String, i64, i64)> = stmt
+                .query_map(params![revision as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .and_then(|rows| rows.collect())
+                .map_err(|e| self.fail(what, e))?;
+            let mut changes = Vec::with_capacity(rows.len());
+            for (rev, address, kind, at) in rows {
+                let address = address.parse().map_err(|_| {
+                    StoreError::Backend(format!(
+                        "{}: {what}: change {rev} names {address:?}, not an address; delete the \
+                         row (DELETE FROM changes WHERE revision = {rev})",
+                        self.path.display()
+                    ))
+                })?;
+                let kind = match kind {
+                    schema::CLAIMED => ChangeKind::Claimed,
+                    schema::RELEASED => ChangeKind::Released,
+                    schema::UPDATED => ChangeKind::Updated,
+                    other => {
+                        return Err(StoreError::Backend(format!(
+                            "{}: {what}: change {rev} has kind {other}",
+                            self.path.display()
+                        )));
+                    }
+                };
+                changes.push(Change {
+                    revision: rev as u64,
+                    address,
+                    kind,
+                    at: u64::try_from(at).unwrap_or(0),
+                });
+            }
+            Ok(Changes::Since { changes, revision: current })
+        })
     }
-}
-
-fn migrate(conn: &mut Connection, path: &Path, busy_timeout: Duration) -> Result<(), StoreError> {
-    let fail = |what: &str, e: rusqlite::Error| describe(path, what, &e, busy_timeout);
-    let header = |conn: &Connection| -> rusqlite::Result<(i32, i32)> {
-        let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
-        let version: i32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        Ok((app, version))
-    };
-    // The common case, an up-to-date file, takes no write lock.
-    let (app, version) = header(conn).map_err(|e| fail("cannot read the schema version", e))?;
-    if app == APPLICATION_ID && version == SCHEMA_VERSION {
-        return Ok(());
-    }
-
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| fail("cannot lock the file to set up its schema", e))?;
-    // Another process may have migrated it meanwhile.
-    let (app, version) = header(&tx).map_err(|e| fail("cannot read the schema version", e))?;
-    if app != 0 && app != APPLICATION_ID {
-        return Err(StoreError::Backend(format!(
-            "{} is a SQLite database of another application (application_id {app:#x}, allot's is \
-             {APPLICATION_ID:#x}): pass --state with a path of its own",
-            path.display()
-        )));
-    }
-    if !(0..=SCHEMA_VERSION).contains(&version) {
-        return Err(StoreError::Backend(format!(
-            "{} has schema version {version}, newer than this allot understands ({SCHEMA_VERSION}): \
-             run a newer allot, or restore a backup taken before the upgrade",
-            path.display()
-        )));
-    }
-    if version == 0 {
-        let tables: Vec<String> = tx
-            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
-            .and_then(|mut stmt| stmt.query_map([], |r| r.get(0))?.collect())
-            .map_err(|e| fail("cannot read the schema", e))?;
-        if !tables.is_empty() {
-            return Err(StoreError::Backend(format!(
-                "{} is a SQLite database but not an allot state file (it has tables {}): pass \
-                 --state with a path of its own",
-                path.display(),
-                tables.join(", ")
-            )));
-        }
-    }
-    for (from, script) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-        tx.execute_batch(script).map_err(|e| {
-            fail(
-                &format!(
-                    "cannot migrate the schema from version {from} to {}",
-                    from + 1
-                ),
-                e,
-            )
-        })?;
-    }
-    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-        .and_then(|()| tx.pragma_update(None, "application_id", APPLICATION_ID))
-        .and_then(|()| tx.commit())
-        .map_err(|e| fail("cannot record the schema version", e))
-}
-
-/// A message for a SQLite failure: the file, what we were doing, SQLite's words, and what the
-/// operator can do about it.
-fn describe(path: &Path, what: &str, e: &rusqlite::Error, busy_timeout: Duration) -> StoreError {
-    let hint = match e.sqlite_error_code() {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => format!(
-            "; another process holds the lock (waited up to {busy_timeout:?}): another allot \
-             process, or a sqlite3 shell inside a transaction? Retry, or end the other writer"
-        ),
-        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => "; the file is not a SQLite \
-             database or is corrupt: move it aside and restore a backup (or start empty and let \
-             allot rebuild claims from running pods)"
-            .to_string(),
-        Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::ReadOnly) => {
-            "; permission denied or read-only: run as root, or pass --state with a writable path"
-                .to_string()
-        }
-        Some(ErrorCode::DiskFull) => {
-            "; the disk is full: free space on its file system".to_string()
-        }
-        Some(ErrorCode::SystemIoFailure) => {
-            "; I/O error: check the disk and its file system".to_string()
-        }
-        _ => String::new(),
-    };
-    let message = format!("{}: {what}: {e}{hint}", path.display());
-    match e.sqlite_error_code() {
-        // Someone else's transaction: retrying later may well succeed.
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-            StoreError::Unavailable(message)
-        }
-        _ => StoreError::Backend(message),
-    }
-}
-
-/// Decodes one row of [`COLUMNS`], checking everything: the file may have been edited by hand.
-fn decode(row: &rusqlite::Row<'_>) -> Result<Claim, String> {
-    let raw_address = match row.get_ref(0) {
-        Ok(ValueRef::Text(t)) => String::from_utf8_lossy(t).into_owned(),
-        Ok(other) => format!("{other:?}"),
-        Err(e) => return Err(format!("unreadable claims row: {e}")),
-    };
-    let at = |msg: String| {
-        format!(
-            "claims row {raw_address:?}: {msg}; fix or delete the row with sqlite3 \
-             (DELETE FROM claims WHERE address = '{}')",
-            raw_address.replace('\'', "''")
-        )
-    };
-    let text = |idx: usize, name: &str| -> Result<Option<String>, String> {
-        match row
-            .get_ref(idx)
-            .map_err(|e| at(format!("column {name}: {e}")))?
-        {
-            ValueRef::Null => Ok(None),
-            ValueRef::Text(t) => std::str::from_utf8(t)
-                .map(|s| Some(s.to_owned()))
-                .map_err(|_| at(format!("column {name} is not valid UTF-8"))),
-            other => Err(at(format!(
-                "column {name} holds {:?}, expected text",
-                other.data_type()
-            ))),
-        }
-    };
-    let required = |idx: usize, name: &str| {
-        text(idx, name)?.ok_or_else(|| at(format!("column {name} is NULL")))
-    };
-    let integer = |idx: usize, name: &str| match row
-        .get_ref(idx)
-        .map_err(|e| at(format!("column {name}: {e}")))?
-    {
-        ValueRef::Integer(i) => Ok(i),
-        other => Err(at(format!(
-            "column {name} holds {:?}, expected an integer",
-            other.data_type()
-        ))),
-    };
-
-    let text_address = required(0, "address")?;
-    let address: IpAddr = text_address
-        .parse()
-        .map_err(|_| at("the address is not an IP address".into()))?;
-    if address.to_string() != text_address {
-        return Err(at(format!(
-            "the address is not in canonical form (expected {address}), which would defeat the \
-             uniqueness check"
-        )));
-    }
-    let fam = integer(1, "family")?;
-    if fam != family(address) {
-        return Err(at(format!(
-            "family is {fam} but the address is IPv{}",
-            family(address)
-        )));
-    }
-    let pool = required(2, "pool")?;
-    let attachment = match (text(3, "container_id")?, text(4, "interface")?) {
-        (Some(container_id), Some(interface)) => Some(Attachment {
-            container_id,
-            interface,
-        }),
-        (None, None) => None,
-        _ => {
-            return Err(at(
-                "exactly one of container_id and interface is NULL".into()
-            ));
-        }
-    };
-    let pod = PodRef {
-        namespace: required(5, "pod_namespace")?,
-        name: required(6, "pod_name")?,
-        uid: required(7, "pod_uid")?,
-        owner_kind: text(8, "owner_kind")?,
-        owner_name: text(9, "owner_name")?,
-    };
-    let updated = integer(10, "updated_at")?;
-    let updated_at =
-        u64::try_from(updated).map_err(|_| at(format!("updated_at is negative ({updated})")))?;
-    let network = required(11, "network")?;
-    Ok(Claim {
-        address,
-        pool,
-        network,
-        attachment,
-        pod,
-        updated_at,
-    })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::schema::MIGRATIONS;
     use super::*;
 
     #[test]
@@ -697,7 +597,8 @@ mod tests {
 
     #[test]
     fn schema_version_counts_migrations() {
-        assert_eq!(SCHEMA_VERSION, 2);
+        assert_eq!(SCHEMA_VERSION as usize, MIGRATIONS.len());
+        assert_eq!(SCHEMA_VERSION, 3);
     }
 
     #[test]

@@ -3,9 +3,17 @@
 //! * **acquire**, first rule that applies to the NIC wins: subnet annotation (`subnets` beats
 //!   `subnet`), pool annotation (`ippools` beats `ippool`), namespace default pools, the CNI
 //!   config's default pools (in listed order), the cluster's default pools (`default: true`).
-//! * **filter**: terminating, disabled, wrong family, node (nodeName, nodeAffinity), namespace
-//!   (namespaceName, namespaceAffinity), pod (podAffinity), Multus network, every address
-//!   excluded, every address reserved, exhausted.
+//! * **filter**: terminating, disabled, wrong family, node (nodeName when set, else
+//!   nodeAffinity), namespace (namespaceName when set, else namespaceAffinity), pod
+//!   (podAffinity), Multus network, every address excluded, every address reserved, exhausted.
+//!   As Spiderpool's code and its newer concepts page: a name field takes precedence over the
+//!   matching affinity, which is then not checked at all.
+//! * **a named pool that does not exist** (in `ippool`/`ippools`, the namespace defaults or the
+//!   CNI config's defaults) or **a named Subnet that does not exist** (`subnet`/`subnets`)
+//!   fails that NIC with a `not-ready` error naming it, even when other listed pools exist, as
+//!   Spiderpool fails the allocation when it cannot fetch a named candidate; the pod's other NICs
+//!   are still decided. A wildcard pattern that matches nothing is only a `not-found` line in
+//!   the trace (it names no pool).
 //! * **sort**: PodAffinity > NodeName > NodeAffinity > NamespaceName > NamespaceAffinity >
 //!   MultusName, compared lexicographically; stable, so equal pools keep the user's order.
 //!
@@ -21,7 +29,7 @@ use allot_policy_sdk::annotations::{self, Found, Selection};
 use allot_policy_sdk::types::Owner;
 use allot_policy_sdk::{
     Acquisition, AcquisitionRule, Context, DecisionError, DropReason, FamilyCandidates, IpFamily,
-    Nic, Policy, Pool, Rejection, missing, selector,
+    Nic, Policy, Pool, PoolRef, Rejection, missing, selector,
 };
 
 /// The interface that `ippool` and `subnet` (the single-NIC annotations) apply to unless they
@@ -65,10 +73,38 @@ pub fn acquire(ctx: &Context, nic: &Nic) -> Result<Acquisition, DecisionError> {
             },
         },
     };
+    if let Some(error) = missing_by_name(&acquisition, nic) {
+        return Ok(Acquisition::failed(error));
+    }
     if let Some(found) = annotations::find(ctx.pod_annotations(), annotations::ROUTES) {
         acquisition.routes = annotations::routes(found)?;
     }
     Ok(acquisition)
+}
+
+/// As Spiderpool does (it fetches every named candidate before filtering, and a pool that does
+/// not exist fails the allocation): a pool or Subnet named by the rule that applies, and that
+/// does not exist, fails the NIC with an error naming it, even when other listed pools exist.
+/// The pod's other NICs are unaffected. A wildcard pattern that matches nothing is not a name:
+/// it stays a `not-found` line in the trace and the other names decide.
+fn missing_by_name(acquisition: &Acquisition, nic: &Nic) -> Option<DecisionError> {
+    acquisition.families.iter().find_map(|fam| {
+        fam.missing.iter().find_map(|dropped| match &dropped.pool {
+            PoolRef::Missing(name) if !allot_policy_sdk::wildcard::is_pattern(name) => {
+                let kind = if fam.rule == AcquisitionRule::SubnetAnnotation {
+                    "Subnet"
+                } else {
+                    "IPPool"
+                };
+                Some(DecisionError::not_ready(format!(
+                    "{kind} {name} does not exist; {} names it for interface {}: create the \
+                     {kind} or correct the name",
+                    fam.source, nic.interface
+                )))
+            }
+            _ => None,
+        })
+    })
 }
 
 fn no_rule_applies(nic: &Nic) -> DecisionError {
@@ -200,6 +236,7 @@ pub fn subnet_annotation(ctx: &Context, nic: &Nic) -> Result<Option<Acquisition>
         families.push(fam);
     }
     Ok(Some(Acquisition {
+        error: None,
         clean_gateway: sel.cleangateway,
         routes: Vec::new(),
         families,
@@ -236,6 +273,7 @@ pub fn pool_annotation(ctx: &Context, nic: &Nic) -> Result<Option<Acquisition>, 
     };
     let source = format!("pod annotation {}", found.key);
     Ok(Some(Acquisition {
+        error: None,
         clean_gateway: sel.cleangateway,
         routes: Vec::new(),
         families: per_family(
@@ -334,18 +372,23 @@ pub fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<
     if pool.ip_version != family {
         return reject(DropReason::WrongFamily);
     }
-    if !pool.node_name.is_empty() && !pool.node_name.contains(&req.node.name) {
-        return reject(DropReason::NodeMismatch);
-    }
-    if let Some(sel) = &pool.node_affinity
+    // As Spiderpool: nodeName, when set, decides alone ("NodeName has higher priority than
+    // NodeAffinity"); nodeAffinity decides only when nodeName is empty. Likewise namespaceName
+    // over namespaceAffinity.
+    if !pool.node_name.is_empty() {
+        if !pool.node_name.contains(&req.node.name) {
+            return reject(DropReason::NodeMismatch);
+        }
+    } else if let Some(sel) = &pool.node_affinity
         && !selector::matches(sel, ctx.node_labels())
     {
         return reject(DropReason::NodeMismatch);
     }
-    if !pool.namespace_name.is_empty() && !pool.namespace_name.contains(&req.namespace.name) {
-        return reject(DropReason::NamespaceMismatch);
-    }
-    if let Some(sel) = &pool.namespace_affinity
+    if !pool.namespace_name.is_empty() {
+        if !pool.namespace_name.contains(&req.namespace.name) {
+            return reject(DropReason::NamespaceMismatch);
+        }
+    } else if let Some(sel) = &pool.namespace_affinity
         && !selector::matches(sel, ctx.namespace_labels())
     {
         return reject(DropReason::NamespaceMismatch);

@@ -10,6 +10,10 @@ use crate::types::{
 /// What [`Policy::acquire`] found for one NIC.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Acquisition {
+    /// Fails this NIC alone, with this error (e.g. the pod names a pool that does not exist);
+    /// the request's other NICs are still decided, and the fields below are ignored. An `Err`
+    /// from [`Policy::acquire`] instead fails the whole request.
+    pub error: Option<DecisionError>,
     pub clean_gateway: bool,
     pub routes: Vec<Route>,
     /// One entry per IP family the NIC should get an address of.
@@ -25,6 +29,16 @@ pub struct FamilyCandidates {
     pub candidates: Vec<u32>,
     /// Names that matched nothing (reported as dropped `not-found`).
     pub missing: Vec<Dropped>,
+}
+
+impl Acquisition {
+    /// An acquisition that fails the NIC with `error`.
+    pub fn failed(error: DecisionError) -> Self {
+        Acquisition {
+            error: Some(error),
+            ..Default::default()
+        }
+    }
 }
 
 /// Why [`Policy::filter`] dropped a pool.
@@ -85,6 +99,16 @@ impl Loaded {
         let mut nics = Vec::with_capacity(request.nics.len());
         for nic in &request.nics {
             let acquisition = P::acquire(&ctx, nic)?;
+            if let Some(error) = acquisition.error {
+                nics.push(NicDecision {
+                    interface: nic.interface.clone(),
+                    error: Some(error),
+                    clean_gateway: false,
+                    routes: Vec::new(),
+                    families: Vec::new(),
+                });
+                continue;
+            }
             let mut families = Vec::with_capacity(acquisition.families.len());
             for fam in acquisition.families {
                 let mut order = Vec::with_capacity(fam.candidates.len());
@@ -111,6 +135,7 @@ impl Loaded {
             }
             nics.push(NicDecision {
                 interface: nic.interface.clone(),
+                error: None,
                 clean_gateway: acquisition.clean_gateway,
                 routes: acquisition.routes,
                 families,

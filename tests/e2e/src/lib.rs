@@ -388,24 +388,34 @@ pub struct Agent {
     pools_dir: PathBuf,
     child: Option<Child>,
     starts: u32,
+    /// Flags and values that replace the lab's defaults (see [`Agent::flags`]).
+    overrides: Vec<(String, String)>,
+    /// Another agent's state file, to share one store.
+    state: Option<PathBuf>,
 }
+
+/// The lab's agent flags: no cooldown and no GC grace period, so tests see releases at once
+/// (the tests of those behaviours set them), and a fast tick.
+const LAB_FLAGS: &[(&str, &str)] = &[
+    ("--cooldown-seconds", "0"),
+    ("--gc-grace-seconds", "0"),
+    ("--reload-interval-ms", "200"),
+];
 
 impl Agent {
     /// Writes `pools` (YAML documents) to `pools.yaml` in a fresh pools directory, starts the
     /// agent and waits until `/readyz` answers 200.
     pub fn start(pools: &str) -> Agent {
-        let dir = tempfile::Builder::new()
-            .prefix("allot-e2e-agent-")
-            .tempdir()
-            .expect("temp dir");
-        let pools_dir = dir.path().join("pools");
+        Self::start_with(pools, &[])
+    }
+
+    /// [`Agent::start`] with flags replacing the lab's defaults (e.g. `("--cooldown-seconds",
+    /// "30")`).
+    pub fn start_with(pools: &str, flags: &[(&str, &str)]) -> Agent {
+        let mut agent = Self::unstarted(flags);
+        let pools_dir = agent.dir.path().join("pools");
         fs::create_dir(&pools_dir).unwrap();
-        let mut agent = Agent {
-            dir,
-            pools_dir,
-            child: None,
-            starts: 0,
-        };
+        agent.pools_dir = pools_dir;
         agent.write_pools("pools.yaml", pools);
         agent.spawn();
         agent.wait_ready();
@@ -415,19 +425,57 @@ impl Agent {
     /// Starts the agent on an existing pools directory (which the tests do not write to), with
     /// a temporary socket and state file.
     pub fn start_on(pools_dir: &Path) -> Agent {
+        let mut agent = Self::unstarted(&[]);
+        agent.pools_dir = pools_dir.to_path_buf();
+        agent.spawn();
+        agent.wait_ready();
+        agent
+    }
+
+    /// A second agent on the same pools directory and the same state file as `other` (its own
+    /// socket and journal): two agents sharing one store.
+    pub fn start_sharing(other: &Agent) -> Agent {
+        let mut agent = Self::unstarted(&[]);
+        agent.pools_dir = other.pools_dir();
+        agent.state = Some(other.state());
+        agent.spawn();
+        agent.wait_ready();
+        agent
+    }
+
+    fn unstarted(flags: &[(&str, &str)]) -> Agent {
         let dir = tempfile::Builder::new()
             .prefix("allot-e2e-agent-")
             .tempdir()
             .expect("temp dir");
-        let mut agent = Agent {
+        Agent {
+            pools_dir: dir.path().join("pools"),
             dir,
-            pools_dir: pools_dir.to_path_buf(),
             child: None,
             starts: 0,
-        };
-        agent.spawn();
-        agent.wait_ready();
-        agent
+            overrides: flags
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            state: None,
+        }
+    }
+
+    /// The flags the agent runs with beyond directory, socket, state and journal.
+    pub fn flags(&self) -> Vec<(String, String)> {
+        let mut flags: Vec<(String, String)> = LAB_FLAGS
+            .iter()
+            .filter(|(k, _)| !self.overrides.iter().any(|(o, _)| o == k))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        flags.extend(self.overrides.iter().cloned());
+        flags
+    }
+
+    /// Where the plugin remembers DELs for this agent (next to its socket, as
+    /// [`allot_ipam`] configures the plugin).
+    pub fn journal(&self) -> PathBuf {
+        journal_next_to(&self.socket())
     }
 
     pub fn pools_dir(&self) -> PathBuf {
@@ -439,7 +487,9 @@ impl Agent {
     }
 
     pub fn state(&self) -> PathBuf {
-        self.dir.path().join("allot.db")
+        self.state
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("allot.db"))
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -476,13 +526,20 @@ impl Agent {
             .unwrap();
         self.starts += 1;
         writeln!(&log, "=== e2e: start #{} ===", self.starts).unwrap();
-        let child = Command::new(bin("allot-agent"))
+        let mut command = Command::new(bin("allot-agent"));
+        command
             .arg("--standalone")
             .arg(self.pools_dir())
             .arg("--socket")
             .arg(self.socket())
             .arg("--state")
             .arg(self.state())
+            .arg("--journal")
+            .arg(self.journal());
+        for (flag, value) in self.flags() {
+            command.arg(flag).arg(value);
+        }
+        let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -1026,9 +1083,18 @@ impl Attachment {
 // ---------------------------------------------------------------------------------------------
 // Network configs
 
+/// The DEL journal of the agent on `socket`: in the test's directory, never the real
+/// `/var/lib/allot/journal`.
+pub fn journal_next_to(socket: &Path) -> PathBuf {
+    socket
+        .parent()
+        .expect("socket in a directory")
+        .join("journal")
+}
+
 /// An ipam section for allot on `socket` with the CNI config's default pools.
 pub fn allot_ipam(socket: &Path, v4: &[&str], v6: &[&str]) -> Value {
-    let mut ipam = json!({ "type": "allot", "socket": socket });
+    let mut ipam = json!({ "type": "allot", "socket": socket, "journal": journal_next_to(socket) });
     if !v4.is_empty() {
         ipam["default_ipv4_ippool"] = json!(v4);
     }
@@ -1091,6 +1157,11 @@ impl Lab {
     /// else a lab whose agent serves `pools` (YAML documents).
     pub fn new(test: &str, pools: &str) -> Option<Lab> {
         Self::with_agent(test, || Agent::start(pools))
+    }
+
+    /// Like [`Lab::new`], with agent flags replacing the lab's defaults.
+    pub fn with_flags(test: &str, pools: &str, flags: &[(&str, &str)]) -> Option<Lab> {
+        Self::with_agent(test, || Agent::start_with(pools, flags))
     }
 
     /// Like [`Lab::new`], with the agent on an existing pools directory.

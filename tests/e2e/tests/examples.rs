@@ -17,6 +17,7 @@ fn the_standalone_example_serves_dual_stack_pods_through_the_bridge() {
             .expect("bridge.json is JSON");
     assert_eq!(conf["ipam"]["type"], "allot");
     conf["ipam"]["socket"] = json!(lab.agent.socket());
+    conf["ipam"]["journal"] = json!(lab.agent.journal());
 
     let pods: Vec<Attachment> = ["demo-a", "demo-b"]
         .iter()

@@ -118,11 +118,15 @@ fn an_exhausted_pool_is_a_clear_error_naming_the_pool() {
     }
     assert_eq!(lab.agent.pool_counts("tiny"), (2, 0));
 
-    // A pool that does not exist is named too.
+    // A pool that does not exist is named too. The default policy fails the NIC as Spiderpool
+    // does (not-ready: the pool may yet be created), so the code is "try again later".
     let conf = lab.bridge_conf(&["no-such-pool"], &[]);
     let out = lab.cni("allot", "ADD", &pods[2], &conf);
-    out.expect_err(&[100]);
-    assert!(out.msg().contains("no-such-pool"), "{out}");
+    out.expect_err(&[11]);
+    assert!(
+        out.msg().contains("IPPool no-such-pool does not exist"),
+        "{out}"
+    );
 
     // Freeing one address makes room.
     lab.cni("bridge", "DEL", &pods[0], &lab.bridge_conf(&["tiny"], &[]))

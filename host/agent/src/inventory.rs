@@ -1,0 +1,187 @@
+//! The configuration in force: what the last reload of the standalone directory installed, what
+//! it held back and why, and the periodic work that keeps it (and the engine's index) current.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use allot_api::ConfigProblem;
+use allot_core::config::{InForce, Problem, reconcile};
+
+use crate::server::Shared;
+use crate::standalone;
+
+/// What the agent last made of its configuration.
+#[derive(Default)]
+pub struct ConfigState {
+    /// The versions in force (what the engine serves).
+    pub in_force: InForce,
+    /// Objects not (entirely) in force, and why.
+    pub problems: Vec<Problem>,
+    /// Files that could not be read completely, and why.
+    pub incomplete: Vec<(String, String)>,
+    /// Why the last reload installed nothing at all (the directory unreadable, the store
+    /// failing), if it did.
+    pub failure: Option<String>,
+}
+
+impl ConfigState {
+    /// Whether what is in force differs from what the files say, or the last reload failed:
+    /// reloads are retried every tick until it is not.
+    pub fn degraded(&self) -> bool {
+        !self.problems.is_empty() || !self.incomplete.is_empty() || self.failure.is_some()
+    }
+
+    /// Everything wrong, as `GET /v1/status` lists it.
+    pub fn listed(&self) -> Vec<ConfigProblem> {
+        let mut out: Vec<ConfigProblem> = self
+            .incomplete
+            .iter()
+            .map(|(file, why)| ConfigProblem {
+                kind: "File".into(),
+                name: file.clone(),
+                state: "incomplete".into(),
+                reason: why.clone(),
+            })
+            .collect();
+        out.extend(self.problems.iter().map(|p| ConfigProblem {
+            kind: p.kind.to_string(),
+            name: p.name.clone(),
+            state: p.state.as_str().into(),
+            reason: p.reason.clone(),
+        }));
+        if let Some(why) = &self.failure {
+            out.push(ConfigProblem {
+                kind: "Reload".into(),
+                name: String::new(),
+                state: "failed".into(),
+                reason: why.clone(),
+            });
+        }
+        out
+    }
+}
+
+pub type SharedConfig = Mutex<ConfigState>;
+
+fn lock(config: &SharedConfig) -> std::sync::MutexGuard<'_, ConfigState> {
+    config.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reads the directory, decides what is in force (never more allocatable addresses than before
+/// because of an invalid object), and installs it. Blocking: call off the async threads.
+pub fn reload(shared: &Shared, dir: &Path) {
+    let result = (|| -> Result<(), String> {
+        let observation =
+            standalone::load(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let previous = lock(&shared.config).in_force.clone();
+        let serving = serving_pools(shared)?;
+        let reconciled = reconcile(&previous, &observation, &|name| serving.contains(name));
+        shared
+            .engine
+            .load(
+                reconciled.in_force.pools(),
+                reconciled.in_force.subnets(),
+                reconciled.in_force.reserved(),
+            )
+            .map_err(|e| e.to_string())?;
+        let mut config = lock(&shared.config);
+        let incomplete: Vec<(String, String)> = observation.incomplete.into_iter().collect();
+        if reconciled.problems != config.problems || incomplete != config.incomplete {
+            for p in &reconciled.problems {
+                tracing::error!(kind = %p.kind, name = %p.name, state = p.state.as_str(), "{p}");
+            }
+            for (file, why) in &incomplete {
+                tracing::error!(file, "incomplete, keeping its objects in force: {why}");
+            }
+        }
+        if config.failure.is_some() {
+            tracing::info!("reload succeeded again");
+        }
+        *config = ConfigState {
+            in_force: reconciled.in_force,
+            problems: reconciled.problems,
+            incomplete,
+            failure: None,
+        };
+        Ok(())
+    })();
+    if let Err(why) = result {
+        let mut config = lock(&shared.config);
+        if config.failure.as_deref() != Some(why.as_str()) {
+            tracing::error!("reload failed, keeping the configuration in force: {why}");
+        }
+        config.failure = Some(why);
+    }
+    let config = lock(&shared.config);
+    shared.metrics.set_config(&config);
+}
+
+/// Pools that hold claims: they win overlaps. Before the first load the engine knows no pools,
+/// so the store says which pools hold claims (once, at start).
+fn serving_pools(shared: &Shared) -> Result<BTreeSet<String>, String> {
+    if shared.engine.is_loaded() {
+        return Ok(shared.engine.serving_pools());
+    }
+    use allot_core::store::Store as _;
+    let claims = shared
+        .engine
+        .store()
+        .all()
+        .map_err(|e| format!("reading claims: {e}"))?;
+    Ok(claims.into_iter().map(|c| c.pool).collect())
+}
+
+/// The agent's periodic work, one blocking call per tick: reload when the files changed or the
+/// configuration is degraded, follow the store's change feed, replay the plugin's DEL journal,
+/// release kept StatefulSet addresses past their keep time.
+pub async fn run(shared: Arc<Shared>, dir: PathBuf, journal: PathBuf, every: Duration) {
+    let mut last = standalone::fingerprint(&dir).ok();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let expire_every = Duration::from_secs(60);
+    let mut last_expiry = tokio::time::Instant::now();
+    loop {
+        tick.tick().await;
+        let s = shared.clone();
+        let dir = dir.clone();
+        let journal = journal.clone();
+        let expire = last_expiry.elapsed() >= expire_every;
+        if expire {
+            last_expiry = tokio::time::Instant::now();
+        }
+        let fingerprint = last;
+        let work = tokio::task::spawn_blocking(move || {
+            let now = standalone::fingerprint(&dir).ok();
+            let degraded = lock(&s.config).degraded();
+            if now != fingerprint || degraded {
+                if now != fingerprint {
+                    tracing::info!(dir = %dir.display(), "pool files changed; reloading");
+                }
+                reload(&s, &dir);
+            }
+            if let Err(e) = s.engine.tick() {
+                tracing::warn!("following the store's changes: {e}");
+            }
+            crate::journal::replay(&s, &journal);
+            if expire {
+                match s.engine.expire_kept() {
+                    Ok(released) => {
+                        s.metrics.releases.inc_by(released.len() as u64);
+                        for c in &released {
+                            tracing::info!(address = %c.address, pod = %format!("{}/{}", c.pod.namespace, c.pod.name), "released a kept StatefulSet address: the pod did not come back");
+                        }
+                    }
+                    Err(e) => tracing::warn!("releasing expired StatefulSet addresses: {e}"),
+                }
+            }
+            now
+        })
+        .await;
+        match work {
+            Ok(now) => last = now,
+            Err(e) => tracing::error!("periodic work failed: {e}"),
+        }
+    }
+}

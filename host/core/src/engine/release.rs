@@ -1,0 +1,125 @@
+//! Giving addresses back: DEL (keep or release), GC past a grace period, expiry of kept
+//! StatefulSet addresses, all in batches that re-check each claim in the store.
+
+use std::collections::BTreeSet;
+
+use super::{AddOutcome, AllocError, DelRequest, Engine, GcReport, lock};
+use crate::gc;
+use crate::policy::Policy;
+use crate::store::{Attachment, Claim, Store};
+
+/// Claims released per store transaction by GC and expiry: one fsync per batch, not per claim.
+const RELEASE_BATCH: usize = 1000;
+
+impl<S: Store, P: Policy> Engine<S, P> {
+    /// Releases what `attachment` holds; a StatefulSet pod's addresses are kept (detached) for
+    /// its next ADD. Idempotent. Returns the addresses released or kept.
+    pub fn del(&self, attachment: &Attachment) -> Result<Vec<Claim>, AllocError> {
+        self.del_request(&DelRequest::new(attachment.clone()))
+    }
+
+    /// [`Engine::del`] with what else the caller knows (replica count, when it was issued).
+    pub fn del_request(&self, req: &DelRequest) -> Result<Vec<Claim>, AllocError> {
+        let _serial = self.lock_attachment(&req.attachment);
+        let held = self.store.claims_of(&req.attachment)?;
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(issued) = req.issued_at
+            && held.iter().any(|c| c.updated_at > issued)
+        {
+            // A later ADD of the same attachment owns these claims now.
+            return Ok(Vec::new());
+        }
+        let stateful = held.iter().any(|c| c.pod.is_stateful());
+        let scaled_away = req.owner_replicas.is_some_and(|replicas| {
+            held.iter().all(|c| {
+                gc::scaled_away(
+                    &c.pod.name,
+                    c.pod.owner_name.as_deref().unwrap_or(""),
+                    replicas,
+                )
+            })
+        });
+        if stateful && !scaled_away {
+            return Ok(self.store.detach(&req.attachment, self.now())?);
+        }
+        let released = match req.issued_at {
+            Some(_) => self.store.release_unchanged(&held)?,
+            None => self.store.release_attachment(&req.attachment)?,
+        };
+        self.mark_released(&released);
+        Ok(released)
+    }
+
+    fn mark_released(&self, released: &[Claim]) {
+        let now = self.now();
+        let mut state = self.state();
+        for c in released {
+            state.mark_released(c.address, now, now);
+        }
+    }
+
+    /// What `attachment` holds, or [`AllocError::UnknownAttachment`].
+    pub fn check(&self, attachment: &Attachment) -> Result<AddOutcome, AllocError> {
+        let _serial = self.lock_attachment(attachment);
+        let held = self.store.claims_of(attachment)?;
+        if held.is_empty() {
+            return Err(AllocError::UnknownAttachment(attachment.clone()));
+        }
+        Ok(self.outcome(&held, None, true, Vec::new()))
+    }
+
+    /// One GC look at `network`: every attached claim of it whose attachment is not in `valid`
+    /// is a suspect; suspects seen at an earlier look at least the grace period ago, and
+    /// unchanged since, are released (re-checked in the store, in batches). Claims of other
+    /// networks and kept StatefulSet addresses (see [`Engine::expire_kept`]) are left alone.
+    pub fn gc(&self, network: &str, valid: &BTreeSet<Attachment>) -> Result<GcReport, AllocError> {
+        let now = self.now();
+        let leaked = self.store.all()?.into_iter().filter(|c| {
+            c.network == network && c.attachment.as_ref().is_some_and(|a| !valid.contains(a))
+        });
+        let due = lock(&self.suspects).observe(network, leaked, now, self.config.gc_grace);
+        let released = self.release_batches(&due)?;
+        Ok(GcReport {
+            released,
+            suspects: lock(&self.suspects).len(),
+        })
+    }
+
+    /// Releases kept StatefulSet addresses whose pod has not come back within the keep time.
+    pub fn expire_kept(&self) -> Result<Vec<Claim>, AllocError> {
+        let now = self.now();
+        let due: Vec<Claim> = self
+            .store
+            .detached()?
+            .into_iter()
+            .filter(|c| gc::kept_too_long(c, now, self.config.stateful_keep))
+            .collect();
+        self.release_batches(&due)
+    }
+
+    /// Releases `due` (each only if unchanged since it was read), a batch per transaction.
+    /// A store error stops the run: what was committed is marked free, the rest stays claimed
+    /// and suspect, for the next run.
+    fn release_batches(&self, due: &[Claim]) -> Result<Vec<Claim>, AllocError> {
+        let mut released = Vec::new();
+        for batch in due.chunks(RELEASE_BATCH) {
+            let done = match self.store.release_unchanged(batch) {
+                Ok(done) => done,
+                Err(e) => {
+                    self.mark_released(&released);
+                    return Err(e.into());
+                }
+            };
+            let mut suspects = lock(&self.suspects);
+            for c in batch {
+                suspects.forget(c);
+            }
+            drop(suspects);
+            released.extend(done);
+        }
+        self.mark_released(&released);
+        Ok(released)
+    }
+}

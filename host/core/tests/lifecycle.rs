@@ -1,0 +1,554 @@
+//! The address lifecycle and the engine's honesty about the store: indexes fed by the change
+//! feed, retries that restore everything, cooldown and persisted cursors, terminating pools, GC
+//! past a grace period, kept StatefulSet addresses that expire, late DELs.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use allot_core::engine::{AllocError, DelRequest, Engine, EngineConfig, LoadError, PoolState};
+use allot_core::store::{
+    Attachment, Changes, Claim, MemoryStore, PodRef, Reattach, Snapshot, Store, StoreError,
+};
+
+mod common;
+use common::*;
+
+fn addresses(out: &allot_core::engine::AddOutcome) -> Vec<IpAddr> {
+    out.allocations.iter().map(|a| a.address).collect()
+}
+
+type Now = Arc<std::sync::atomic::AtomicU64>;
+
+/// An engine on `store` whose clock the test moves; the store's writes (release times) read the
+/// same clock.
+fn clocked_on(
+    store: Arc<MemoryStore>,
+    now: &Now,
+    config: EngineConfig,
+) -> Engine<Arc<MemoryStore>, CniDefaultsPolicy> {
+    let read = now.clone();
+    let clock: allot_core::store::Clock = Arc::new(move || read.load(Ordering::SeqCst));
+    Engine::with_config(store, CniDefaultsPolicy, config, clock)
+}
+
+fn clocked(config: EngineConfig, start: u64) -> (Engine<Arc<MemoryStore>, CniDefaultsPolicy>, Now) {
+    let (clock, now) = manual_clock(start);
+    let store = Arc::new(MemoryStore::with_clock(clock));
+    (clocked_on(store, &now, config), now)
+}
+
+/// Two engines on one store (two agents, or an agent and `allotctl`) see each other's claims
+/// and releases: a pool of 6 with 3 taken elsewhere reports 3 free and serves exactly 3.
+#[test]
+fn engines_sharing_a_store_keep_their_indexes_true() {
+    let store = Arc::new(MemoryStore::new());
+    let pools = || vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None)];
+    let one = engine_on(store.clone(), pools(), quick());
+    let two = engine_on(store.clone(), pools(), quick());
+    for c in ["c1", "c2", "c3"] {
+        one.add(&add_req(c, "eth0", &["a"], &[])).unwrap();
+    }
+    two.tick().unwrap();
+    assert_eq!(two.usage()[0].free, 3, "the other engine's claims are used");
+    let mut got = BTreeSet::new();
+    for c in ["d1", "d2", "d3"] {
+        got.extend(addresses(
+            &two.add(&add_req(c, "eth0", &["a"], &[])).unwrap(),
+        ));
+    }
+    assert_eq!(got.len(), 3);
+    assert!(matches!(
+        two.add(&add_req("d4", "eth0", &["a"], &[])),
+        Err(AllocError::NoPoolFits { .. })
+    ));
+    // A release by one is free in the other.
+    one.del(&att("c1", "eth0")).unwrap();
+    two.tick().unwrap();
+    assert_eq!(two.usage()[0].free, 1);
+    two.add(&add_req("d4", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(store.all().unwrap().len(), 6);
+}
+
+/// When the feed has been compacted past the engine's revision, it rebuilds from a snapshot.
+#[test]
+fn a_compacted_feed_falls_back_to_a_snapshot() {
+    let store = Arc::new(MemoryStore::new());
+    let pools = || vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None)];
+    let one = engine_on(store.clone(), pools(), quick());
+    let two = engine_on(store.clone(), pools(), quick());
+    one.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    one.add(&add_req("c2", "eth0", &["a"], &[])).unwrap();
+    let Changes::Since { revision, .. } = store.changes_since(0).unwrap() else {
+        panic!("young store");
+    };
+    store.compact(revision);
+    two.tick().unwrap();
+    assert_eq!(two.usage()[0].free, 4);
+}
+
+/// A retried dual-stack ADD whose IPv6 claim is missing (a partial failure) completes it
+/// instead of returning IPv4 alone.
+#[test]
+fn a_retried_add_completes_missing_families() {
+    let store = Arc::new(MemoryStore::new());
+    let e = engine_on(
+        store.clone(),
+        vec![
+            pool("v4", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None),
+            pool("v6", "fd00::/64", &["fd00::10-fd00::15"], None),
+        ],
+        quick(),
+    );
+    let req = add_req("c1", "eth0", &["v4"], &["v6"]);
+    let first = e.add(&req).unwrap();
+    assert_eq!(first.allocations.len(), 2);
+    // The IPv6 claim is lost (its undo failed half-way, someone released it by hand, ...).
+    let v6 = first.allocations[1].address;
+    assert!(store.release(v6, Some(&att("c1", "eth0"))).unwrap());
+
+    let retried = e.add(&req).unwrap();
+    assert_eq!(retried.allocations.len(), 2, "both families: {retried:?}");
+    assert_eq!(retried.allocations[0], first.allocations[0]);
+    assert!(retried.allocations[1].address.is_ipv6());
+    assert_eq!(store.claims_of(&att("c1", "eth0")).unwrap().len(), 2);
+}
+
+/// A StatefulSet pod coming back takes its kept address and gets the family it lacked, in one
+/// batch: nothing is half-done.
+#[test]
+fn a_statefulset_pod_taking_its_address_back_gets_every_family() {
+    let e = engine(vec![
+        pool("v4", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None),
+        pool("v6", "fd00::/64", &["fd00::10-fd00::15"], None),
+    ]);
+    let first = e.add(&stateful_req("c1", "web-0", "web", &["v4"])).unwrap();
+    e.del(&att("c1", "eth0")).unwrap();
+    let mut back = stateful_req("c2", "web-0", "web", &["v4"]);
+    back.cni_defaults.ipv6 = vec!["v6".into()];
+    let out = e.add(&back).unwrap();
+    assert_eq!(out.allocations[0], first.allocations[0], "the same IPv4");
+    assert!(out.allocations[1].address.is_ipv6());
+    assert!(e.store().detached().unwrap().is_empty());
+}
+
+/// A store that counts full scans and can fail releases on demand.
+struct Watched {
+    inner: MemoryStore,
+    scans: AtomicUsize,
+    release_calls: AtomicUsize,
+    fail_releases_after: AtomicUsize,
+    failing: AtomicBool,
+}
+
+impl Watched {
+    fn new() -> Self {
+        Watched {
+            inner: MemoryStore::new(),
+            scans: AtomicUsize::new(0),
+            release_calls: AtomicUsize::new(0),
+            fail_releases_after: AtomicUsize::new(usize::MAX),
+            failing: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Store for Watched {
+    fn claim_batch(&self, f: &[Claim], r: &[Reattach]) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claim_batch(f, r)
+    }
+    fn release_attachment(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
+        self.inner.release_attachment(a)
+    }
+    fn release(&self, addr: IpAddr, a: Option<&Attachment>) -> Result<bool, StoreError> {
+        self.inner.release(addr, a)
+    }
+    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError> {
+        let n = self.release_calls.fetch_add(1, Ordering::SeqCst);
+        if n >= self.fail_releases_after.load(Ordering::SeqCst) {
+            self.failing.store(true, Ordering::SeqCst);
+            return Err(StoreError::Unavailable("disk on fire".into()));
+        }
+        self.inner.release_unchanged(claims)
+    }
+    fn detach(&self, a: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
+        self.inner.detach(a, now)
+    }
+    fn claims_of(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claims_of(a)
+    }
+    fn claims_of_pod(&self, ns: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claims_of_pod(ns, name)
+    }
+    fn detached(&self) -> Result<Vec<Claim>, StoreError> {
+        self.inner.detached()
+    }
+    fn all(&self) -> Result<Vec<Claim>, StoreError> {
+        self.scans.fetch_add(1, Ordering::SeqCst);
+        self.inner.all()
+    }
+    fn snapshot(&self, since: u64) -> Result<Snapshot, StoreError> {
+        self.scans.fetch_add(1, Ordering::SeqCst);
+        self.inner.snapshot(since)
+    }
+    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
+        self.inner.changes_since(revision)
+    }
+}
+
+fn foreign_claims(n: usize) -> Vec<Claim> {
+    (0..n)
+        .map(|i| Claim {
+            address: IpAddr::from([10, 9, (i >> 8) as u8, i as u8]),
+            pool: "elsewhere".into(),
+            network: "net-a".into(),
+            attachment: Some(att(&format!("f{i}"), "eth0")),
+            pod: PodRef {
+                namespace: "ns".into(),
+                name: format!("f{i}"),
+                uid: format!("u{i}"),
+                ..Default::default()
+            },
+            updated_at: 0,
+        })
+        .collect()
+}
+
+/// ADD, retried ADD, StatefulSet ADD, DEL and CHECK never read every claim: they use the
+/// store's indexes (by attachment, by pod) and the change feed.
+#[test]
+fn requests_never_scan_every_claim() {
+    let store = Arc::new(Watched::new());
+    store.inner.claim(&foreign_claims(2000)).unwrap();
+    let e = engine_on(
+        store.clone(),
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.50"], None)],
+        quick(),
+    );
+    let scans = store.scans.load(Ordering::SeqCst);
+    e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    e.check(&att("c1", "eth0")).unwrap();
+    e.del(&att("c1", "eth0")).unwrap();
+    e.add(&stateful_req("s1", "web-0", "web", &["a"])).unwrap();
+    e.del(&att("s1", "eth0")).unwrap();
+    e.add(&stateful_req("s2", "web-0", "web", &["a"])).unwrap();
+    e.add(&stateful_req("s3", "web-0", "web", &["a"])).unwrap();
+    assert_eq!(
+        store.scans.load(Ordering::SeqCst),
+        scans,
+        "a request read every claim"
+    );
+}
+
+/// A just-released address stays out of the index for the cooldown, even when it is the only
+/// one left.
+#[test]
+fn released_addresses_cool_down_before_reuse() {
+    let config = EngineConfig {
+        cooldown: 30,
+        ..quick()
+    };
+    let (e, now) = clocked(config, 1000);
+    e.load(
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.11"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    e.add(&add_req("c2", "eth0", &["a"], &[])).unwrap();
+    e.del(&att("c1", "eth0")).unwrap();
+    assert_eq!(e.usage()[0].cooling, 1);
+    assert!(
+        e.add(&add_req("c3", "eth0", &["a"], &[])).is_err(),
+        "the released address is cooling down"
+    );
+    now.store(1031, Ordering::SeqCst);
+    let out = e.add(&add_req("c3", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(addresses(&out), [ip("10.0.0.10")]);
+}
+
+/// The cooldown and the round-robin cursor survive a restart (a new engine on the same store).
+#[test]
+fn cursor_and_cooldown_survive_a_restart() {
+    let (clock, now) = manual_clock(1000);
+    let store = Arc::new(MemoryStore::with_clock(clock));
+    let pools = || vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.19"], None)];
+    let config = EngineConfig {
+        cooldown: 30,
+        ..quick()
+    };
+    {
+        let e = clocked_on(store.clone(), &now, config);
+        e.load(pools(), vec![], vec![]).unwrap();
+        for c in ["c1", "c2", "c3"] {
+            e.add(&add_req(c, "eth0", &["a"], &[])).unwrap();
+        }
+        for c in ["c1", "c2", "c3"] {
+            e.del(&att(c, "eth0")).unwrap();
+        }
+    }
+    now.store(1010, Ordering::SeqCst);
+    let e = clocked_on(store.clone(), &now, config);
+    e.load(pools(), vec![], vec![]).unwrap();
+    assert_eq!(e.usage()[0].cooling, 3, "still cooling after the restart");
+    let out = e.add(&add_req("c4", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(
+        addresses(&out),
+        [ip("10.0.0.13")],
+        "round robin goes on after the last address handed out"
+    );
+    now.store(1031, Ordering::SeqCst);
+    for c in ["c5", "c6", "c7", "c8", "c9", "c10"] {
+        e.add(&add_req(c, "eth0", &["a"], &[])).unwrap();
+    }
+    let out = e.add(&add_req("c11", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(
+        addresses(&out),
+        [ip("10.0.0.10")],
+        "wrapped around, cooled down"
+    );
+}
+
+/// A pool deleted while it holds claims keeps serving them (retried ADD and CHECK answer the
+/// same), takes no new allocations, and shows as terminating until its claims are gone.
+#[test]
+fn a_deleted_pool_serves_its_claims_until_they_are_released() {
+    let e = engine(vec![
+        pool(
+            "a",
+            "10.0.0.0/24",
+            &["10.0.0.10-10.0.0.15"],
+            Some("10.0.0.1"),
+        ),
+        pool("b", "10.0.1.0/24", &["10.0.1.10-10.0.1.15"], None),
+    ]);
+    let req = add_req("c1", "eth0", &["a"], &[]);
+    let first = e.add(&req).unwrap();
+    let checked = e.check(&att("c1", "eth0")).unwrap();
+
+    e.load(
+        vec![pool("b", "10.0.1.0/24", &["10.0.1.10-10.0.1.15"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    let usage = e.usage();
+    let a = usage.iter().find(|u| u.name == "a").expect("a is listed");
+    assert_eq!((a.state, a.claims), (PoolState::Terminating, 1));
+    assert_eq!(e.check(&att("c1", "eth0")).unwrap(), checked);
+    let retried = e.add(&req).unwrap();
+    assert_eq!(retried.allocations, first.allocations);
+    assert_eq!(retried.routes, first.routes);
+    assert!(
+        e.add(&add_req("c2", "eth0", &["a"], &[])).is_err(),
+        "no new allocations"
+    );
+    e.del(&att("c1", "eth0")).unwrap();
+    assert!(e.usage().iter().all(|u| u.name != "a"));
+}
+
+#[test]
+fn loading_duplicate_names_is_an_error_not_a_panic() {
+    let e = engine(vec![]);
+    let err = e
+        .load(
+            vec![
+                pool("a", "10.0.0.0/24", &["10.0.0.10"], None),
+                pool("a", "10.0.1.0/24", &["10.0.1.10"], None),
+            ],
+            vec![],
+            vec![],
+        )
+        .unwrap_err();
+    assert!(matches!(err, LoadError::Duplicate { .. }), "{err}");
+}
+
+/// GC releases a leak only when seen twice at least the grace period apart, re-checked.
+#[test]
+fn gc_waits_for_the_grace_period() {
+    let config = EngineConfig {
+        gc_grace: 60,
+        ..quick()
+    };
+    let (e, now) = clocked(config, 1000);
+    e.load(
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    let none = BTreeSet::new();
+    now.store(1100, Ordering::SeqCst);
+    assert_eq!(e.gc("net-a", &none).unwrap().suspects, 1);
+    now.store(1130, Ordering::SeqCst);
+    assert!(
+        e.gc("net-a", &none).unwrap().released.is_empty(),
+        "within grace"
+    );
+    // Re-ADDed meanwhile by a new sandbox of the attachment: changed, so kept.
+    now.store(1170, Ordering::SeqCst);
+    assert_eq!(e.gc("net-a", &none).unwrap().released.len(), 1);
+    assert!(e.store().all().unwrap().is_empty());
+}
+
+/// Thousands of leaks are released in batches, and a store failure mid-run loses nothing: what
+/// was not released stays claimed, and the next run finishes the job.
+#[test]
+fn gc_releases_in_batches_and_survives_a_store_error() {
+    let store = Arc::new(Watched::new());
+    let e = engine_on(
+        store.clone(),
+        vec![pool("a", "10.0.0.0/20", &["10.0.0.10-10.0.15.200"], None)],
+        quick(),
+    );
+    for i in 0..2500 {
+        e.add(&add_req(&format!("c{i}"), "eth0", &["a"], &[]))
+            .unwrap();
+    }
+    let none = BTreeSet::new();
+    assert_eq!(e.gc("net-a", &none).unwrap().suspects, 2500);
+    store.fail_releases_after.store(
+        store.release_calls.load(Ordering::SeqCst) + 1,
+        Ordering::SeqCst,
+    );
+    assert!(e.gc("net-a", &none).is_err(), "the second batch fails");
+    assert_eq!(store.all().unwrap().len(), 1500, "one batch was committed");
+    let free_after_error = e.usage()[0].free;
+    store
+        .fail_releases_after
+        .store(usize::MAX, Ordering::SeqCst);
+    let calls = store.release_calls.load(Ordering::SeqCst);
+    let report = e.gc("net-a", &none).unwrap();
+    assert_eq!(report.released.len(), 1500);
+    assert_eq!(
+        store.release_calls.load(Ordering::SeqCst) - calls,
+        2,
+        "1,500 releases in two transactions"
+    );
+    assert!(store.all().unwrap().is_empty());
+    assert_eq!(e.usage()[0].free, free_after_error + 1500);
+}
+
+/// A kept StatefulSet address whose pod does not come back is released after the keep time;
+/// a DEL that knows the set was scaled down releases at once.
+#[test]
+fn kept_statefulset_addresses_expire_and_scaled_down_ordinals_are_released() {
+    let config = EngineConfig {
+        stateful_keep: 100,
+        ..quick()
+    };
+    let (e, now) = clocked(config, 1000);
+    e.load(
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    e.add(&stateful_req("c0", "web-0", "web", &["a"])).unwrap();
+    e.add(&stateful_req("c1", "web-1", "web", &["a"])).unwrap();
+    e.del(&att("c0", "eth0")).unwrap();
+    now.store(1050, Ordering::SeqCst);
+    assert!(e.expire_kept().unwrap().is_empty(), "within the keep time");
+    now.store(1101, Ordering::SeqCst);
+    assert_eq!(e.expire_kept().unwrap().len(), 1);
+
+    // Scaled from 2 to 1: web-1 is gone for good.
+    let released = e
+        .del_request(&DelRequest {
+            owner_replicas: Some(1),
+            ..DelRequest::new(att("c1", "eth0"))
+        })
+        .unwrap();
+    assert_eq!(released.len(), 1);
+    assert!(e.store().all().unwrap().is_empty(), "released, not kept");
+}
+
+/// A DEL replayed from the plugin's journal after the attachment was added again leaves the
+/// new claims alone.
+#[test]
+fn a_late_del_does_not_release_a_later_add() {
+    let (e, now) = clocked(quick(), 1000);
+    e.load(
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
+    let stale = DelRequest {
+        issued_at: Some(900),
+        ..DelRequest::new(att("c1", "eth0"))
+    };
+    assert!(e.del_request(&stale).unwrap().is_empty());
+    assert_eq!(e.store().all().unwrap().len(), 1);
+    now.store(1100, Ordering::SeqCst);
+    let current = DelRequest {
+        issued_at: Some(1050),
+        ..DelRequest::new(att("c1", "eth0"))
+    };
+    assert_eq!(e.del_request(&current).unwrap().len(), 1);
+    assert!(e.store().all().unwrap().is_empty());
+}
+
+/// A policy that orders every pool, whatever its state: the host must not trust it.
+struct OrdersEverything;
+
+impl allot_core::policy::Policy for OrdersEverything {
+    fn decide(
+        &self,
+        inv: &Arc<allot_core::policy::Inventory>,
+        req: &allot_core::policy::Request,
+    ) -> Result<allot_core::policy::Decision, allot_core::policy::PolicyError> {
+        use allot_core::policy::{AcquisitionRule, Decision, FamilyDecision, NicDecision};
+        let all: Vec<u32> = (0..inv.pools.len() as u32).collect();
+        Ok(Decision {
+            nics: req
+                .nics
+                .iter()
+                .map(|n| NicDecision {
+                    interface: n.interface.clone(),
+                    error: None,
+                    clean_gateway: false,
+                    routes: vec![],
+                    families: vec![FamilyDecision {
+                        family: allot_core::IpFamily::V4,
+                        rule: AcquisitionRule::CniDefault,
+                        source: "test".into(),
+                        candidates: all.clone(),
+                        order: all.clone(),
+                        dropped: vec![],
+                    }],
+                })
+                .collect(),
+        })
+    }
+
+    fn name(&self) -> String {
+        "orders-everything".into()
+    }
+}
+
+#[test]
+fn a_policy_ordering_a_disabled_pool_is_refused_by_the_host() {
+    let mut off = pool("off", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None);
+    off.spec.disable = true;
+    let e = Engine::with_config(
+        MemoryStore::new(),
+        OrdersEverything,
+        quick(),
+        allot_core::store::system_clock(),
+    );
+    e.load(vec![off], vec![], vec![]).unwrap();
+    let err = e.add(&add_req("c1", "eth0", &["off"], &[])).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, AllocError::Policy(_)), "{err:?}");
+    assert!(
+        msg.contains("orders-everything") && msg.contains("off") && msg.contains("disabled"),
+        "{msg}"
+    );
+    assert!(e.store().all().unwrap().is_empty(), "nothing was claimed");
+}

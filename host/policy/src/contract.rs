@@ -1,0 +1,187 @@
+//! The versions of the `allot:policy` contract this host accepts, one set of bindings each (as
+//! Zed does for its extensions): `wit/policy.wit` is the current 0.2.0, `wit/0.1.0/` the frozen
+//! 0.1.0. A component is bound by the version of `allot:policy/policy` it exports, and both
+//! versions convert to the same allot-core types, so the rest of the host never sees which one
+//! a policy was built against.
+//!
+//! 0.2.0 added `nic-decision.error` (a policy can fail one NIC and still decide the others);
+//! a 0.1.0 component's NIC decisions never carry one.
+
+use allot_core::PolicyError;
+use allot_core::policy::{Decision, Inventory, Request};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Engine, Store};
+
+use crate::convert;
+use crate::runtime::HostState;
+
+pub(crate) mod v0_1 {
+    wasmtime::component::bindgen!({
+        world: "pool-policy",
+        path: "../../wit/0.1.0",
+    });
+}
+
+pub(crate) mod v0_2 {
+    wasmtime::component::bindgen!({
+        world: "pool-policy",
+        path: "../../wit",
+    });
+}
+
+/// The export each version's component carries, newest first.
+const POLICY_EXPORTS: [(&str, Version); 2] = [
+    ("allot:policy/policy@0.2.0", Version::V0_2),
+    ("allot:policy/policy@0.1.0", Version::V0_1),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Version {
+    V0_1,
+    V0_2,
+}
+
+impl Version {
+    fn detect(engine: &Engine, component: &Component) -> wasmtime::Result<Version> {
+        let exports: Vec<String> = component
+            .component_type()
+            .exports(engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        POLICY_EXPORTS
+            .iter()
+            .find(|(name, _)| exports.iter().any(|e| e == name))
+            .map(|&(_, version)| version)
+            .ok_or_else(|| {
+                wasmtime::format_err!(
+                    "it exports none of {} (its exports: {}); build it against wit/policy.wit with \
+                     the allot policy SDK",
+                    POLICY_EXPORTS.map(|(name, _)| name).join(", "),
+                    if exports.is_empty() {
+                        "none".to_string()
+                    } else {
+                        exports.join(", ")
+                    }
+                )
+            })
+    }
+}
+
+/// A component linked against the bindings of the version it exports.
+pub(crate) enum Pre {
+    V0_1(v0_1::PoolPolicyPre<HostState>),
+    V0_2(v0_2::PoolPolicyPre<HostState>),
+}
+
+/// A live instance of either version.
+pub(crate) enum Instance {
+    V0_1(v0_1::PoolPolicy),
+    V0_2(v0_2::PoolPolicy),
+}
+
+/// The inventory converted for one version's guests.
+pub(crate) enum GuestInventory {
+    V0_1(v0_1::allot::policy::types::Inventory),
+    V0_2(v0_2::allot::policy::types::Inventory),
+}
+
+impl Pre {
+    pub(crate) fn new(engine: &Engine, component: &Component) -> wasmtime::Result<Self> {
+        let mut linker: Linker<HostState> = Linker::new(engine);
+        let version = Version::detect(engine, component)?;
+        match version {
+            Version::V0_1 => v0_1::PoolPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?,
+            Version::V0_2 => v0_2::PoolPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?,
+        }
+        // A policy built with std may still name WASI functions it never calls (stderr for
+        // panics). They get no capability: calling one traps.
+        linker.define_unknown_imports_as_traps(component)?;
+        let pre = linker.instantiate_pre(component)?;
+        Ok(match version {
+            Version::V0_1 => Pre::V0_1(v0_1::PoolPolicyPre::new(pre)?),
+            Version::V0_2 => Pre::V0_2(v0_2::PoolPolicyPre::new(pre)?),
+        })
+    }
+
+    pub(crate) fn version(&self) -> &'static str {
+        match self {
+            Pre::V0_1(_) => "0.1.0",
+            Pre::V0_2(_) => "0.2.0",
+        }
+    }
+
+    pub(crate) fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Instance> {
+        Ok(match self {
+            Pre::V0_1(pre) => Instance::V0_1(pre.instantiate(store)?),
+            Pre::V0_2(pre) => Instance::V0_2(pre.instantiate(store)?),
+        })
+    }
+
+    pub(crate) fn convert_inventory(&self, inventory: &Inventory) -> GuestInventory {
+        match self {
+            Pre::V0_1(_) => GuestInventory::V0_1(convert::v0_1::inventory(inventory)),
+            Pre::V0_2(_) => GuestInventory::V0_2(convert::v0_2::inventory(inventory)),
+        }
+    }
+}
+
+impl Instance {
+    pub(crate) fn load_inventory(
+        &self,
+        store: &mut Store<HostState>,
+        inventory: &GuestInventory,
+    ) -> wasmtime::Result<()> {
+        match (self, inventory) {
+            (Instance::V0_1(i), GuestInventory::V0_1(inv)) => {
+                i.allot_policy_policy().call_load_inventory(store, inv)
+            }
+            (Instance::V0_2(i), GuestInventory::V0_2(inv)) => {
+                i.allot_policy_policy().call_load_inventory(store, inv)
+            }
+            _ => wasmtime::bail!("an inventory converted for another contract version"),
+        }
+    }
+
+    /// Ok(verdict) when the guest returned normally; Err on a trap.
+    pub(crate) fn decide(
+        &self,
+        store: &mut Store<HostState>,
+        generation: u64,
+        request: &Request,
+    ) -> wasmtime::Result<Result<Decision, PolicyError>> {
+        Ok(match self {
+            Instance::V0_1(i) => i
+                .allot_policy_policy()
+                .call_decide(store, &convert::v0_1::request(generation, request))?
+                .map(convert::v0_1::decision)
+                .map_err(convert::v0_1::decision_error),
+            Instance::V0_2(i) => i
+                .allot_policy_policy()
+                .call_decide(store, &convert::v0_2::request(generation, request))?
+                .map(convert::v0_2::decision)
+                .map_err(convert::v0_2::decision_error),
+        })
+    }
+}
+
+macro_rules! host_imports {
+    ($version:ident) => {
+        impl $version::allot::policy::host::Host for HostState {
+            fn log(&mut self, level: $version::allot::policy::types::LogLevel, message: String) {
+                use $version::allot::policy::types::LogLevel;
+                let level = match level {
+                    LogLevel::Error => tracing::Level::ERROR,
+                    LogLevel::Warn => tracing::Level::WARN,
+                    LogLevel::Info => tracing::Level::INFO,
+                    LogLevel::Debug => tracing::Level::DEBUG,
+                };
+                self.log(level, &message);
+            }
+        }
+
+        impl $version::allot::policy::types::Host for HostState {}
+    };
+}
+
+host_imports!(v0_1);
+host_imports!(v0_2);
