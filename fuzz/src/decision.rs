@@ -18,8 +18,8 @@ use allot_core::PolicyErrorKind;
 use allot_core::addr::IpFamily;
 use allot_core::policy::{
     self, AcquisitionRule, Decision, DropReason, Dropped, FamilyDecision, Inventory, InventoryPool,
-    MAX_DETAIL_BYTES, MAX_MISSING, MAX_ROUTES, MAX_SOURCE_BYTES, Nic, NicDecision, PoolRef,
-    Request,
+    MAX_DETAIL_BYTES, MAX_MISSING, MAX_ROUTES, MAX_SOURCE_BYTES, Nic, NicDecision, PolicyError,
+    PoolRef, Request,
 };
 use allot_core::spec::{IpPoolSpec, RouteSpec};
 
@@ -141,15 +141,28 @@ fn decision(b: &mut Bytes, inventory: &Inventory, request: &Request) -> Decision
                 Some(asked) if !b.rarely(32) => asked.interface.clone(),
                 _ => b.string(8),
             };
-            let routes = (0..sized(b, 2, MAX_ROUTES))
+            // Contract 0.2.0: a policy may fail one NIC, and must then decide nothing else for it.
+            let error = b.rarely(8).then(|| {
+                PolicyError::new(
+                    PolicyErrorKind::NotReady,
+                    "e".repeat(sized(b, 8, MAX_DETAIL_BYTES)),
+                )
+            });
+            let mut routes: Vec<RouteSpec> = (0..sized(b, 2, MAX_ROUTES))
                 .map(|_| RouteSpec {
                     dst: "10.0.0.0/8".into(),
                     gw: "10.0.0.1".into(),
                 })
                 .collect();
-            let families = (0..b.below(3)).map(|_| family_decision(b, pools)).collect();
+            let mut families: Vec<FamilyDecision> =
+                (0..b.below(3)).map(|_| family_decision(b, pools)).collect();
+            if error.is_some() && !b.rarely(8) {
+                routes.clear();
+                families.clear();
+            }
             NicDecision {
                 interface,
+                error,
                 clean_gateway: b.bool(),
                 routes,
                 families,
@@ -204,6 +217,11 @@ fn fits(decision: &Decision, inventory: &Inventory, request: &Request) -> bool {
         && decision.nics.iter().zip(&request.nics).all(|(nic, asked)| {
             let families: HashSet<IpFamily> = nic.families.iter().map(|f| f.family).collect();
             nic.interface == asked.interface
+                && nic.error.as_ref().is_none_or(|e| {
+                    e.message.len() <= MAX_DETAIL_BYTES
+                        && nic.families.is_empty()
+                        && nic.routes.is_empty()
+                })
                 && nic.routes.len() <= MAX_ROUTES
                 && families.len() == nic.families.len()
                 && nic.families.iter().all(|fam| {
