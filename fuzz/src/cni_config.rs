@@ -125,7 +125,12 @@ fn check_cni_args(args: &CniArgs) {
     }
     if let Some((kind, name)) = &args.owner {
         assert!(!kind.is_empty() && !name.is_empty() && !name.contains('/'));
-        rendered.push(format!("ALLOT_OWNER={kind}/{name}"));
+        match args.owner_replicas {
+            Some(replicas) => rendered.push(format!("ALLOT_OWNER={kind}/{name}/{replicas}")),
+            None => rendered.push(format!("ALLOT_OWNER={kind}/{name}")),
+        }
+    } else {
+        assert_eq!(args.owner_replicas, None, "replicas without an owner");
     }
     let again = env::parse_cni_args(&rendered.join(";"))
         .unwrap_or_else(|e| panic!("{rendered:?} no longer parses: {e}"));
