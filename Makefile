@@ -9,7 +9,7 @@ POLICY_0_1_0 := tests/fixtures/default-policy-0.1.0/default_policy.wasm
 SCENARIOS_SINCE_0_1_0 := examples/scenarios/sort examples/scenarios/dual-stack \
 	examples/scenarios/malformed examples/scenarios/wildcards
 
-.PHONY: run test setup build policies lint scenarios unit bench
+.PHONY: run test setup build policies lint scenarios unit bench fuzz
 
 # The main job: the node agent in standalone mode on examples/standalone/ with the embedded
 # default policy, listening on /run/allot/agent.sock (see the README for a pod's-eye view).
@@ -51,3 +51,9 @@ bench: build policies
 	$(CARGO) bench --locked -p allot-core --bench address_choice
 	$(CARGO) bench --locked -p allot-store --bench node_scale
 	$(CARGO) bench --locked -p allot-e2e --bench cni_cycle
+
+# One fuzzing campaign (AFL++ through cargo-afl, installed on first use; never part of `make
+# test`, which replays the committed corpora). Stops after EXECS executions or TIME seconds,
+# whichever comes first: make fuzz TARGET=pools [EXECS=10000000] [TIME=3600]. fuzz/README.md.
+fuzz:
+	scripts/fuzz.sh run $(TARGET) $(EXECS) $(TIME)

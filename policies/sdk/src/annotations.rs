@@ -240,7 +240,13 @@ pub fn routes(found: Found) -> Result<Vec<Route>, DecisionError> {
                 )
             })?;
             let dst_ok = r.dst.split_once('/').is_some_and(|(addr, len)| {
+                // Digits without a leading zero: `u8::from_str` would also take "+16" and
+                // "016", which the host's CIDR parser refuses (it would drop the route).
+                let plain = !len.is_empty()
+                    && len.bytes().all(|b| b.is_ascii_digit())
+                    && (len == "0" || !len.starts_with('0'));
                 match (addr.parse::<std::net::IpAddr>(), len.parse::<u8>()) {
+                    (Ok(_), Ok(_)) if !plain => false,
                     (Ok(a), Ok(l)) => {
                         l <= if a.is_ipv4() { 32 } else { 128 } && a.is_ipv4() == gw.is_ipv4()
                     }
@@ -383,6 +389,34 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    /// Found by the `annotations` fuzz target: `u8::from_str` takes "016" and "+16", which the
+    /// host's CIDR parser (ipnet, in the engine) refuses, so the engine silently dropped a
+    /// route the policy had accepted.
+    #[test]
+    fn route_prefixes_are_plain_digits() {
+        for dst in [
+            "10.0.0.0/016",
+            "10.0.0.0/+16",
+            "fd00::/+8",
+            "fd00::/0008",
+            "10.0.0.0/",
+        ] {
+            let value = format!(r#"[{{"dst":"{dst}","gw":"10.0.0.1"}}]"#);
+            let a = anns(&[("ipam.allot.dev/routes", value.as_str())]);
+            let err = routes(find(&a, ROUTES).unwrap()).unwrap_err();
+            assert!(
+                err.message.contains("is not a CIDR"),
+                "{dst}: {}",
+                err.message
+            );
+        }
+        let a = anns(&[(
+            "ipam.allot.dev/routes",
+            r#"[{"dst":"0.0.0.0/0","gw":"10.0.0.1"},{"dst":"fd00::/128","gw":"fd00::1"}]"#,
+        )]);
+        assert_eq!(routes(find(&a, ROUTES).unwrap()).unwrap().len(), 2);
     }
 
     #[test]
