@@ -360,6 +360,11 @@ fn remember_del(s: &Shared, r: api::DelRequest, why: &str) -> Result<Reply, Allo
         issued_at: Some(r.issued_at.unwrap_or_else(unix_now)),
         ..r
     };
+    // The entry's file name is made of these: never a path out of the journal directory.
+    let safe = |s: &str| !s.is_empty() && !s.contains('/') && s != "." && s != "..";
+    if !safe(&entry.attachment.container_id) || !safe(&entry.attachment.if_name) {
+        return Err(AllocError::Store(StoreError::Unavailable(why.to_string())));
+    }
     match api::journal::record(&s.journal, &entry) {
         Ok(path) => {
             s.metrics.error("del-journaled");
