@@ -157,6 +157,26 @@ fn main() {
         pods as f64 / del_elapsed.as_secs_f64()
     );
 
+    // The same again straight to the agents' API: what the agents and etcd cost without a
+    // plugin process per ADD.
+    let attachments = fleet.pods(pods);
+    let lost_before = fleet.lost_races();
+    let (api, api_elapsed) = fleet.run_api(allot_api::ADD, &attachments, parallel);
+    let api_rate = pods as f64 / api_elapsed.as_secs_f64();
+    println!(
+        "the same {pods} ADDs straight to the agents' API: {api_rate:.0} ADD/s (p50 {}, p99 {}), \
+         {:.1} lost races per 1,000; ratio to raw puts {:.3}",
+        ms(percentile(&api, 0.5)),
+        ms(percentile(&api, 0.99)),
+        (fleet.lost_races() - lost_before) as f64 * 1000.0 / pods as f64,
+        api_rate / raw
+    );
+    let (_, api_del) = fleet.run_api(allot_api::DEL, &attachments, parallel);
+    println!(
+        "{pods} DELs straight to the API: {:.0} DEL/s",
+        pods as f64 / api_del.as_secs_f64()
+    );
+
     let follow = follow_latency(&url, 500);
     println!(
         "another node's claim reaches this node's feed {} µs (p50) / {} µs (p99) after the \

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{Agent, Attachment, CniOutput, Lab, Netns, allot_ipam, bridge_conf, http_get};
+use crate::{
+    Agent, Attachment, CniOutput, Lab, Netns, allot_ipam, bridge_conf, http_get, http_post,
+};
 
 pub struct Fleet {
     pub lab: Lab,
@@ -96,6 +98,62 @@ impl Fleet {
         let elapsed = started.elapsed();
         outs.sort_by_key(|(i, _)| *i);
         (outs.into_iter().map(|(_, o)| o).collect(), elapsed)
+    }
+
+    /// `path` (`/v1/add`, `/v1/del`) straight to the agents' API for every pod, `parallel` at a
+    /// time, without a plugin process: what the agents cost without process starts. Returns
+    /// the per-request latencies (sorted) and the wall-clock time; panics on a failure.
+    pub fn run_api(
+        &self,
+        path: &str,
+        pods: &[Attachment],
+        parallel: usize,
+    ) -> (Vec<Duration>, Duration) {
+        let next = AtomicUsize::new(0);
+        let started = Instant::now();
+        let mut latencies: Vec<Duration> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..parallel)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::SeqCst);
+                            if i >= pods.len() {
+                                return mine;
+                            }
+                            let pod = &pods[i];
+                            let body = if path == allot_api::ADD {
+                                serde_json::json!({
+                                    "containerId": pod.container_id,
+                                    "ifName": pod.ifname,
+                                    "netns": pod.netns.path(),
+                                    "network": self.lab.network,
+                                    "defaultIpv4Pools": self.confs[0]["ipam"]["default_ipv4_ippool"],
+                                    "pod": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
+                                })
+                            } else {
+                                serde_json::json!({
+                                    "containerId": pod.container_id,
+                                    "ifName": pod.ifname,
+                                })
+                            };
+                            let socket = &self.sockets[i % self.sockets.len()];
+                            let t = Instant::now();
+                            let (code, answer) =
+                                http_post(socket, path, &body.to_string()).expect("agent API");
+                            assert_eq!(code, 200, "{path} for pod {i}: {answer}");
+                            mine.push(t.elapsed());
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        });
+        latencies.sort();
+        (latencies, started.elapsed())
     }
 
     /// Races for addresses the agents lost to each other so far (`allot_lost_races_total`).

@@ -698,12 +698,28 @@ impl Drop for Agent {
 
 /// A minimal HTTP/1.1 GET over a unix socket: (status code, body).
 pub fn http_get(socket: &Path, path: &str) -> std::io::Result<(u16, String)> {
+    http_request(socket, "GET", path, "")
+}
+
+/// POSTs a JSON body to the agent's API, as the plugin does; returns status and body.
+pub fn http_post(socket: &Path, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    http_request(socket, "POST", path, body)
+}
+
+fn http_request(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     let mut stream = UnixStream::connect(socket)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
