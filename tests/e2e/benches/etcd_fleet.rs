@@ -69,6 +69,56 @@ fn raw_puts(endpoint: &str, clients: usize, total: usize) -> f64 {
     })
 }
 
+/// Transactions per second shaped like a claim (one key created under `create_revision == 0`
+/// and four more written with it, as a claim and its index, release and cursor keys are), from
+/// `clients` concurrent clients: the ceiling for claims rather than for single puts.
+fn raw_claim_txns(endpoint: &str, clients: usize, total: usize) -> f64 {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        let value = "x".repeat(250);
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..clients)
+            .map(|_| {
+                let mut kv = client.kv_client();
+                let next = next.clone();
+                let value = value.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if i >= total {
+                            return;
+                        }
+                        let key = format!("/bench/txn/claims/{i}");
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                            .and_then([
+                                TxnOp::put(key, value.clone(), None),
+                                TxnOp::put(format!("/bench/txn/att/{i}"), "", None),
+                                TxnOp::put(format!("/bench/txn/pod/{i}"), "", None),
+                                TxnOp::delete(format!("/bench/txn/released/{i}"), None),
+                                TxnOp::put(format!("/bench/txn/cursor/{}", i % 8), "x", None),
+                            ]);
+                        assert!(kv.txn(txn).await.unwrap().succeeded());
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        total as f64 / started.elapsed().as_secs_f64()
+    })
+}
+
 /// Per claim: the time from one store's claim returning to another store's watch reporting it.
 fn follow_latency(url: &str, claims: u32) -> Vec<Duration> {
     let config = EtcdConfig::from_url(url).unwrap();
@@ -117,6 +167,8 @@ fn main() {
 
     let raw = raw_puts(&etcd.endpoint(), parallel, 20_000);
     println!("raw etcd puts, {parallel} clients: {raw:.0} puts/s");
+    let raw_txns = raw_claim_txns(&etcd.endpoint(), parallel, 10_000);
+    println!("raw claim-shaped etcd transactions, {parallel} clients: {raw_txns:.0} txn/s");
 
     let pool = ippool("wide", "10.70.0.0/22", Some("10.70.0.1"), &[]);
     let fleet = Fleet::start(
@@ -165,11 +217,12 @@ fn main() {
     let api_rate = pods as f64 / api_elapsed.as_secs_f64();
     println!(
         "the same {pods} ADDs straight to the agents' API: {api_rate:.0} ADD/s (p50 {}, p99 {}), \
-         {:.1} lost races per 1,000; ratio to raw puts {:.3}",
+         {:.1} lost races per 1,000; ratio to raw puts {:.3}, to claim-shaped transactions {:.3}",
         ms(percentile(&api, 0.5)),
         ms(percentile(&api, 0.99)),
         (fleet.lost_races() - lost_before) as f64 * 1000.0 / pods as f64,
-        api_rate / raw
+        api_rate / raw,
+        api_rate / raw_txns
     );
     let (_, api_del) = fleet.run_api(allot_api::DEL, &attachments, parallel);
     println!(
