@@ -254,6 +254,20 @@ impl EtcdStore {
             .unwrap_or_else(|_| Err(StoreError::Backend("the etcd client stopped".into())))
     }
 
+    /// The claims an index lists that still `belong` there (an index key and its claim are
+    /// written together, but a claim read a moment later may have moved on).
+    fn index_lookup(
+        &self,
+        prefix: String,
+        belong: impl Fn(&Claim) -> bool + Send + 'static,
+    ) -> Result<Vec<Claim>, StoreError> {
+        self.run(move |s| async move {
+            let mut claims = s.claims_at_index(&prefix).await?;
+            claims.retain(|c| belong(c));
+            Ok(claims)
+        })
+    }
+
     /// Waits until the watch has seen a change after `revision`, or `timeout` passes: an agent
     /// follows other nodes' claims within one watch event instead of one poll interval.
     pub fn wait_for_change(&self, revision: u64, timeout: Duration) -> bool {
@@ -330,32 +344,21 @@ impl Store for EtcdStore {
     }
 
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
-        let prefix = self.inner.keys.by_attachment(attachment);
         let attachment = attachment.clone();
-        self.run(move |s| async move {
-            let mut claims = s.claims_at_index(&prefix).await?;
-            claims.retain(|c| c.attachment.as_ref() == Some(&attachment));
-            Ok(claims)
+        self.index_lookup(self.inner.keys.by_attachment(&attachment), move |c| {
+            c.attachment.as_ref() == Some(&attachment)
         })
     }
 
     fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
-        let prefix = self.inner.keys.by_pod(namespace, name);
         let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.run(move |s| async move {
-            let mut claims = s.claims_at_index(&prefix).await?;
-            claims.retain(|c| c.pod.namespace == namespace && c.pod.name == name);
-            Ok(claims)
+        self.index_lookup(self.inner.keys.by_pod(&namespace, &name), move |c| {
+            c.pod.namespace == namespace && c.pod.name == name
         })
     }
 
     fn detached(&self) -> Result<Vec<Claim>, StoreError> {
-        let prefix = self.inner.keys.detached();
-        self.run(move |s| async move {
-            let mut claims = s.claims_at_index(&prefix).await?;
-            claims.retain(|c| c.attachment.is_none());
-            Ok(claims)
-        })
+        self.index_lookup(self.inner.keys.detached(), |c| c.attachment.is_none())
     }
 
     fn all(&self) -> Result<Vec<Claim>, StoreError> {

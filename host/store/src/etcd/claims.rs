@@ -118,12 +118,7 @@ impl Inner {
     /// The claims an index lists, as read now.
     async fn index_reads(&self, prefix: &str) -> Result<Vec<Read>, StoreError> {
         let addresses = self.index(prefix).await?;
-        Ok(self
-            .read_claims(&addresses)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect())
+        self.read_existing(&addresses).await
     }
 
     pub(super) async fn claims_at_index(&self, prefix: &str) -> Result<Vec<Claim>, StoreError> {
@@ -284,76 +279,84 @@ impl Inner {
         })
     }
 
-    /// Deletes each read claim still at the revision it was read at, in transactions of
-    /// [`RELEASE_CHUNK`]. Returns the claims released and the addresses whose claim changed
-    /// (in a chunk that was refused), to read again.
-    async fn release_reads(
-        &self,
-        reads: Vec<Read>,
-    ) -> Result<(Vec<Claim>, Vec<IpAddr>), StoreError> {
-        let now = self.now();
-        let (mut released, mut changed) = (Vec::new(), Vec::new());
-        for chunk in reads.chunks(RELEASE_CHUNK) {
-            let mut compares = Vec::new();
-            let mut ops = Vec::new();
-            for r in chunk {
-                let c = &r.claim;
-                let key = self.keys.claim(c.address);
-                compares.push(Compare::mod_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    r.mod_revision,
-                ));
-                ops.push(TxnOp::delete(key, None));
-                self.index_deletes(c, &mut ops);
-                ops.push(TxnOp::delete(self.pod_index(c), None));
-                ops.push(TxnOp::put(
-                    format!("{}{}", self.keys.released(), c.address),
-                    now.to_string(),
-                    None,
-                ));
-            }
-            if self
-                .txn(Txn::new().when(compares).and_then(ops))
-                .await?
-                .succeeded()
-            {
-                released.extend(chunk.iter().map(|r| r.claim.clone()));
-            } else {
-                changed.extend(chunk.iter().map(|r| r.claim.address));
-            }
-        }
-        Ok((released, changed))
+    /// The claims of `addresses` that exist, as read now.
+    async fn read_existing(&self, addresses: &[IpAddr]) -> Result<Vec<Read>, StoreError> {
+        Ok(self
+            .read_claims(addresses)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect())
     }
 
-    /// Releases what `select` picks among fresh reads, again and again while claims change
-    /// under us.
-    async fn release_where(
+    /// Writes each read claim that `select` picks, as `write` says (pushing its operations and
+    /// returning the claim to report), in transactions of [`RELEASE_CHUNK`] claims, each guarded
+    /// on the revisions read. A chunk refused because a claim changed meanwhile is read again,
+    /// selected again and tried again, a bounded number of times.
+    async fn guarded_writes(
         &self,
         mut reads: Vec<Read>,
         select: impl Fn(&Claim) -> bool,
+        write: impl Fn(&Claim, &mut Vec<TxnOp>) -> Claim,
+        what: &str,
     ) -> Result<Vec<Claim>, StoreError> {
-        let mut released = Vec::new();
+        let mut done = Vec::new();
         for _ in 0..ATTEMPTS {
             reads.retain(|r| select(&r.claim));
-            if reads.is_empty() {
-                return Ok(sorted(released));
+            let mut changed = Vec::new();
+            for chunk in reads.chunks(RELEASE_CHUNK) {
+                let mut compares = Vec::new();
+                let mut ops = Vec::new();
+                let mut out = Vec::new();
+                for r in chunk {
+                    compares.push(Compare::mod_revision(
+                        self.keys.claim(r.claim.address),
+                        CompareOp::Equal,
+                        r.mod_revision,
+                    ));
+                    out.push(write(&r.claim, &mut ops));
+                }
+                if self
+                    .txn(Txn::new().when(compares).and_then(ops))
+                    .await?
+                    .succeeded()
+                {
+                    done.extend(out);
+                } else {
+                    changed.extend(chunk.iter().map(|r| r.claim.address));
+                }
             }
-            let (done, changed) = self.release_reads(reads).await?;
-            released.extend(done);
             if changed.is_empty() {
-                return Ok(sorted(released));
+                return Ok(sorted(done));
             }
-            reads = self
-                .read_claims(&changed)
-                .await?
-                .into_iter()
-                .flatten()
-                .collect();
+            reads = self.read_existing(&changed).await?;
         }
-        Err(StoreError::Unavailable(
-            "claims kept changing while being released; retry".into(),
-        ))
+        Err(StoreError::Unavailable(format!(
+            "claims kept changing while being {what}; retry"
+        )))
+    }
+
+    /// Releases what `select` picks among `reads` (claim and index keys deleted, the release
+    /// time recorded for the cool-down).
+    async fn release_where(
+        &self,
+        reads: Vec<Read>,
+        select: impl Fn(&Claim) -> bool,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let now = self.now().to_string();
+        let release = |c: &Claim, ops: &mut Vec<TxnOp>| {
+            ops.push(TxnOp::delete(self.keys.claim(c.address), None));
+            self.index_deletes(c, ops);
+            ops.push(TxnOp::delete(self.pod_index(c), None));
+            ops.push(TxnOp::put(
+                format!("{}{}", self.keys.released(), c.address),
+                now.clone(),
+                None,
+            ));
+            c.clone()
+        };
+        self.guarded_writes(reads, select, release, "released")
+            .await
     }
 
     pub(super) async fn release_attachment(
@@ -372,12 +375,7 @@ impl Inner {
         address: IpAddr,
         attachment: Option<allot_core::store::Attachment>,
     ) -> Result<bool, StoreError> {
-        let reads: Vec<Read> = self
-            .read_claims(&[address])
-            .await?
-            .into_iter()
-            .flatten()
-            .collect();
+        let reads = self.read_existing(&[address]).await?;
         let released = self
             .release_where(reads, |c| c.attachment == attachment)
             .await?;
@@ -390,12 +388,7 @@ impl Inner {
     ) -> Result<Vec<Claim>, StoreError> {
         let wanted: BTreeMap<IpAddr, Claim> = claims.into_iter().map(|c| (c.address, c)).collect();
         let addresses: Vec<IpAddr> = wanted.keys().copied().collect();
-        let reads = self
-            .read_claims(&addresses)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect();
+        let reads = self.read_existing(&addresses).await?;
         self.release_where(reads, |stored| {
             wanted
                 .get(&stored.address)
@@ -409,58 +402,29 @@ impl Inner {
         attachment: allot_core::store::Attachment,
         now: u64,
     ) -> Result<Vec<Claim>, StoreError> {
-        let mut reads = self
+        let reads = self
             .index_reads(&self.keys.by_attachment(&attachment))
             .await?;
-        let mut detached = Vec::new();
-        for _ in 0..ATTEMPTS {
-            reads.retain(|r| r.claim.attachment.as_ref() == Some(&attachment));
-            if reads.is_empty() {
-                return Ok(sorted(detached));
-            }
-            let mut changed = Vec::new();
-            for chunk in reads.chunks(RELEASE_CHUNK) {
-                let mut compares = Vec::new();
-                let mut ops = Vec::new();
-                let mut out = Vec::new();
-                for r in chunk {
-                    let key = self.keys.claim(r.claim.address);
-                    compares.push(Compare::mod_revision(
-                        key.clone(),
-                        CompareOp::Equal,
-                        r.mod_revision,
-                    ));
-                    self.index_deletes(&r.claim, &mut ops);
-                    let mut c = r.claim.clone();
-                    c.attachment = None;
-                    c.updated_at = now;
-                    ops.push(TxnOp::put(key, keys::encode(&c), None));
-                    self.index_puts(&c, &mut ops);
-                    out.push(c);
-                }
-                if self
-                    .txn(Txn::new().when(compares).and_then(ops))
-                    .await?
-                    .succeeded()
-                {
-                    detached.extend(out);
-                } else {
-                    changed.extend(chunk.iter().map(|r| r.claim.address));
-                }
-            }
-            if changed.is_empty() {
-                return Ok(sorted(detached));
-            }
-            reads = self
-                .read_claims(&changed)
-                .await?
-                .into_iter()
-                .flatten()
-                .collect();
-        }
-        Err(StoreError::Unavailable(
-            "claims kept changing while being detached; retry".into(),
-        ))
+        let detach = |c: &Claim, ops: &mut Vec<TxnOp>| {
+            self.index_deletes(c, ops);
+            let mut c = c.clone();
+            c.attachment = None;
+            c.updated_at = now;
+            ops.push(TxnOp::put(
+                self.keys.claim(c.address),
+                keys::encode(&c),
+                None,
+            ));
+            self.index_puts(&c, ops);
+            c
+        };
+        self.guarded_writes(
+            reads,
+            |c| c.attachment.as_ref() == Some(&attachment),
+            detach,
+            "detached",
+        )
+        .await
     }
 
     /// Every key under `prefix` at one revision (`None`: the current one), page by page.

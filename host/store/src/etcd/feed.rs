@@ -113,25 +113,24 @@ impl Feed {
 impl Inner {
     /// etcd's current revision.
     async fn current_revision(&self) -> Result<u64, StoreError> {
-        let prefix = self.keys.claims();
-        let resp = self
-            .client
-            .kv_client()
-            .get(
-                prefix.clone(),
-                Some(
-                    GetOptions::new()
-                        .with_range(range_end(&prefix))
-                        .with_count_only(),
-                ),
-            )
-            .await
-            .map_err(|e| self.err_of(e))?;
-        Ok(resp.header().map(|h| h.revision()).unwrap_or_default() as u64)
+        Ok(self.count(&self.keys.claims(), |o| o).await?.1)
     }
 
-    fn err_of(&self, e: etcd_client::Error) -> StoreError {
-        super::etcd_error(&self.endpoints, e)
+    /// A count-only read of the keys under `prefix` that `narrow` keeps: how many, and the
+    /// revision it was read at.
+    async fn count(
+        &self,
+        prefix: &str,
+        narrow: impl FnOnce(GetOptions) -> GetOptions,
+    ) -> Result<(i64, u64), StoreError> {
+        let options = narrow(GetOptions::new().with_range(range_end(prefix))).with_count_only();
+        let resp = self
+            .kv()
+            .get(prefix, Some(options))
+            .await
+            .map_err(|e| self.err(e))?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
+        Ok((resp.count(), revision))
     }
 
     pub(super) async fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
@@ -182,22 +181,13 @@ impl Inner {
     /// events it has not sent yet.
     async fn quiet_between(&self, after: u64, upto: u64) -> Result<bool, StoreError> {
         for prefix in [self.keys.claims(), self.keys.released()] {
-            let resp = self
-                .client
-                .kv_client()
-                .get(
-                    prefix.clone(),
-                    Some(
-                        GetOptions::new()
-                            .with_range(range_end(&prefix))
-                            .with_min_mod_revision(after as i64 + 1)
-                            .with_revision(upto as i64)
-                            .with_count_only(),
-                    ),
-                )
-                .await
-                .map_err(|e| self.err_of(e))?;
-            if resp.count() > 0 {
+            let (changed, _) = self
+                .count(&prefix, |o| {
+                    o.with_min_mod_revision(after as i64 + 1)
+                        .with_revision(upto as i64)
+                })
+                .await?;
+            if changed > 0 {
                 return Ok(false);
             }
         }
@@ -305,11 +295,11 @@ async fn watch_once(inner: &Inner, backoff: &mut Backoff) -> Result<(), StoreErr
         .watch_client()
         .watch(prefix, Some(options))
         .await
-        .map_err(|e| inner.err_of(e))?;
+        .map_err(|e| inner.err(e))?;
     // The request half stays alive: dropping it would end the watch.
     let (_requests, mut responses) = stream.split();
     loop {
-        let resp = responses.message().await.map_err(|e| inner.err_of(e))?;
+        let resp = responses.message().await.map_err(|e| inner.err(e))?;
         let Some(resp) = resp else {
             return Err(StoreError::Unavailable("the watch stream ended".into()));
         };
