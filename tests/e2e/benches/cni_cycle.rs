@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use allot_e2e::fleet::percentile;
 use allot_e2e::*;
 use serde_json::{Value, json};
 
@@ -27,11 +28,6 @@ struct Stats {
     del_p50: Duration,
     /// Wall-clock time of the measured phases, for cycles/s.
     wall: Duration,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let n = sorted.len();
-    sorted[((n as f64 * p).ceil() as usize).clamp(1, n) - 1]
 }
 
 fn stats(samples: &[Sample], wall: Duration) -> Stats {

@@ -30,8 +30,19 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
-/// Puts per second of `clients` concurrent clients writing `total` distinct keys.
-fn raw_puts(endpoint: &str, clients: usize, total: usize) -> f64 {
+/// What a raw-throughput client writes, one per index.
+#[derive(Clone, Copy)]
+enum RawWrite {
+    /// One key, a claim-sized value.
+    Put,
+    /// A transaction shaped like a claim: one key created under `create_revision == 0` and four
+    /// more written with it, as a claim and its index, release and cursor keys are.
+    ClaimTxn,
+}
+
+/// Writes per second of `clients` concurrent etcd-client clients making `total` writes.
+fn raw_rate(endpoint: &str, write: RawWrite, clients: usize, total: usize) -> f64 {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -55,59 +66,34 @@ fn raw_puts(endpoint: &str, clients: usize, total: usize) -> f64 {
                         if i >= total {
                             return;
                         }
-                        kv.put(format!("/bench/raw/{i}"), value.clone(), None)
-                            .await
-                            .unwrap();
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap();
-        }
-        total as f64 / started.elapsed().as_secs_f64()
-    })
-}
-
-/// Transactions per second shaped like a claim (one key created under `create_revision == 0`
-/// and four more written with it, as a claim and its index, release and cursor keys are), from
-/// `clients` concurrent clients: the ceiling for claims rather than for single puts.
-fn raw_claim_txns(endpoint: &str, clients: usize, total: usize) -> f64 {
-    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let client = etcd_client::Client::connect([endpoint], None)
-            .await
-            .unwrap();
-        let value = "x".repeat(250);
-        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let started = Instant::now();
-        let tasks: Vec<_> = (0..clients)
-            .map(|_| {
-                let mut kv = client.kv_client();
-                let next = next.clone();
-                let value = value.clone();
-                tokio::spawn(async move {
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        if i >= total {
-                            return;
+                        match write {
+                            RawWrite::Put => {
+                                kv.put(format!("/bench/raw/{i}"), value.clone(), None)
+                                    .await
+                                    .unwrap();
+                            }
+                            RawWrite::ClaimTxn => {
+                                let key = format!("/bench/txn/claims/{i}");
+                                let txn = Txn::new()
+                                    .when([Compare::create_revision(
+                                        key.clone(),
+                                        CompareOp::Equal,
+                                        0,
+                                    )])
+                                    .and_then([
+                                        TxnOp::put(key, value.clone(), None),
+                                        TxnOp::put(format!("/bench/txn/att/{i}"), "", None),
+                                        TxnOp::put(format!("/bench/txn/pod/{i}"), "", None),
+                                        TxnOp::delete(format!("/bench/txn/released/{i}"), None),
+                                        TxnOp::put(
+                                            format!("/bench/txn/cursor/{}", i % 8),
+                                            "x",
+                                            None,
+                                        ),
+                                    ]);
+                                assert!(kv.txn(txn).await.unwrap().succeeded());
+                            }
                         }
-                        let key = format!("/bench/txn/claims/{i}");
-                        let txn = Txn::new()
-                            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                            .and_then([
-                                TxnOp::put(key, value.clone(), None),
-                                TxnOp::put(format!("/bench/txn/att/{i}"), "", None),
-                                TxnOp::put(format!("/bench/txn/pod/{i}"), "", None),
-                                TxnOp::delete(format!("/bench/txn/released/{i}"), None),
-                                TxnOp::put(format!("/bench/txn/cursor/{}", i % 8), "x", None),
-                            ]);
-                        assert!(kv.txn(txn).await.unwrap().succeeded());
                     }
                 })
             })
@@ -165,9 +151,9 @@ fn main() {
     let etcd = EtcdServer::start();
     let url = etcd.url();
 
-    let raw = raw_puts(&etcd.endpoint(), parallel, 20_000);
+    let raw = raw_rate(&etcd.endpoint(), RawWrite::Put, parallel, 20_000);
     println!("raw etcd puts, {parallel} clients: {raw:.0} puts/s");
-    let raw_txns = raw_claim_txns(&etcd.endpoint(), parallel, 10_000);
+    let raw_txns = raw_rate(&etcd.endpoint(), RawWrite::ClaimTxn, parallel, 10_000);
     println!("raw claim-shaped etcd transactions, {parallel} clients: {raw_txns:.0} txn/s");
 
     let pool = ippool("wide", "10.70.0.0/22", Some("10.70.0.1"), &[]);

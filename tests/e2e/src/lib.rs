@@ -1227,12 +1227,32 @@ impl Lab {
 
     /// This lab's bridge network (CNI 1.0.0) with allot and the given default pools.
     pub fn bridge_conf(&self, v4: &[&str], v6: &[&str]) -> Value {
+        self.bridge_conf_via(&self.agent.socket(), v4, v6)
+    }
+
+    /// This lab's bridge network with allot asking the agent on `socket` (another agent
+    /// sharing the lab's store: another node).
+    pub fn bridge_conf_via(&self, socket: &Path, v4: &[&str], v6: &[&str]) -> Value {
         bridge_conf(
             "1.0.0",
             &self.network,
             &self.bridge,
-            allot_ipam(&self.agent.socket(), v4, v6),
+            allot_ipam(socket, v4, v6),
         )
+    }
+
+    /// Polls `holds` until it is true; panics with the agent's log after `within`.
+    #[track_caller]
+    pub fn eventually(&self, what: &str, within: Duration, mut holds: impl FnMut() -> bool) {
+        let deadline = Instant::now() + within;
+        while !holds() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not after {within:?}; agent log:\n{}",
+                self.agent.log()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Runs `plugin` (`bridge`, `macvlan`, `allot`, ...) with `command` for `att` in the host

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Command;
 use std::time::Instant;
 
 use allot_core::store::{Attachment, Claim, PodRef, Store, StoreError};
@@ -95,25 +94,10 @@ fn sixteen_clients_racing_for_100000_addresses_claim_each_exactly_once() {
     );
 
     // What etcd holds, read directly.
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd.endpoint()])
-        // The range's count is every key in it, whatever the limit.
-        .args([
-            "get",
-            "--prefix",
-            "/allot/claims/",
-            "--limit",
-            "1",
-            "-w",
-            "json",
-        ])
-        .output()
-        .expect("etcdctl");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains(&format!("\"count\":{ADDRESSES}")),
-        "etcd holds {ADDRESSES} claims: {text}"
+    assert_eq!(
+        etcd.count("/allot/claims/"),
+        u64::from(ADDRESSES),
+        "etcd holds every claim"
     );
     let store = EtcdStore::connect(&config).unwrap();
     for claim in store.all().unwrap() {
@@ -129,26 +113,6 @@ fn sixteen_clients_racing_for_100000_addresses_claim_each_exactly_once() {
             claim.address
         );
     }
-}
-
-/// The claim keys etcd holds under `prefix`, counted by etcdctl.
-fn etcd_count(etcd: &EtcdServer, prefix: &str) -> u64 {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd.endpoint()])
-        .args(["get", "--prefix", prefix, "--limit", "1", "-w", "json"])
-        .output()
-        .expect("etcdctl");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split("\"count\":")
-        .nth(1)
-        .map(|r| {
-            r.chars()
-                .take_while(char::is_ascii_digit)
-                .collect::<String>()
-        })
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Ten agents (ten "nodes", each its own process and socket) share one etcd and one /22 pool;
@@ -191,11 +155,11 @@ fn ten_agents_on_one_etcd_serve_1000_concurrent_adds_without_duplicates_or_leaks
         fleet::percentile(&latencies, 0.99),
         lost as f64 * 1000.0 / PODS as f64
     );
-    assert_eq!(etcd_count(&etcd, "/allot/claims/"), PODS as u64);
+    assert_eq!(etcd.count("/allot/claims/"), PODS as u64);
 
     for out in fleet.run("DEL", &pods, PARALLEL).0 {
         out.expect_ok();
     }
-    assert_eq!(etcd_count(&etcd, "/allot/claims/"), 0, "no claim leaked");
-    assert_eq!(etcd_count(&etcd, "/allot/index/"), 0, "no index key leaked");
+    assert_eq!(etcd.count("/allot/claims/"), 0, "no claim leaked");
+    assert_eq!(etcd.count("/allot/index/"), 0, "no index key leaked");
 }

@@ -3,8 +3,7 @@
 //! STATUS tells the truth, a DEL while the agent is down is not lost, released addresses cool
 //! down, and a deleted pool keeps serving its claims.
 
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_e2e::*;
 use serde_json::{Value, json};
@@ -13,16 +12,8 @@ const WAIT: Duration = Duration::from_secs(15);
 
 /// Polls `what` until it holds; panics with the agent's log after [`WAIT`].
 #[track_caller]
-fn eventually(lab: &Lab, what: &str, mut holds: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !holds() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not after {WAIT:?}; agent log:\n{}",
-            lab.agent.log()
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
+fn eventually(lab: &Lab, what: &str, holds: impl FnMut() -> bool) {
+    lab.eventually(what, WAIT, holds);
 }
 
 fn reserved(name: &str, ips: &[&str]) -> String {
@@ -177,12 +168,7 @@ fn two_agents_sharing_one_state_file_see_each_others_claims() {
     };
     let other = Agent::start_sharing(&lab.agent);
     let conf = lab.bridge_conf(&["six"], &[]);
-    let other_conf = bridge_conf(
-        "1.0.0",
-        &lab.network,
-        &lab.bridge,
-        allot_ipam(&other.socket(), &["six"], &[]),
-    );
+    let other_conf = lab.bridge_conf_via(&other.socket(), &["six"], &[]);
     let mut seen = std::collections::BTreeSet::new();
     for name in ["a1", "a2", "a3"] {
         seen.insert(lab.bridge_add(&Attachment::new(name), &conf).ip());

@@ -237,17 +237,9 @@ impl EtcdServer {
 
     /// etcd's `/health`: a member that has a leader answers `"health":"true"`.
     fn healthy(&self) -> bool {
-        if let Some(pki) = &self.tls {
-            return Command::new("etcdctl")
-                .env("ETCDCTL_API", "3")
-                .args(["--endpoints", &format!("https://{}", self.client)])
-                .arg("--cacert")
-                .arg(&pki.ca)
-                .arg("--cert")
-                .arg(&pki.client_cert)
-                .arg("--key")
-                .arg(&pki.client_key)
-                .args(["endpoint", "health", "--command-timeout", "1s"])
+        if self.tls.is_some() {
+            return self
+                .etcdctl_command(&["endpoint", "health", "--command-timeout", "1s"])
                 .output()
                 .is_ok_and(|o| o.status.success());
         }
@@ -383,25 +375,71 @@ impl EtcdServer {
         self.client
     }
 
-    /// Compacts etcd's history up to its current revision (what `--auto-compaction` does), with
-    /// etcdctl.
-    pub fn compact(&self) {
-        let status = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoint(), "get", "x", "-w", "json"])
+    /// etcdctl (API 3) on this etcd, with its certificates when it serves TLS.
+    fn etcdctl_command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("etcdctl");
+        command.env("ETCDCTL_API", "3");
+        match &self.tls {
+            Some(pki) => {
+                command
+                    .args(["--endpoints", &format!("https://{}", self.client)])
+                    .arg("--cacert")
+                    .arg(&pki.ca)
+                    .arg("--cert")
+                    .arg(&pki.client_cert)
+                    .arg("--key")
+                    .arg(&pki.client_key);
+            }
+            None => {
+                command.args(["--endpoints", &self.endpoint()]);
+            }
+        }
+        command.args(args);
+        command
+    }
+
+    /// Runs etcdctl on this etcd and returns what it printed; panics when it fails. Tests read
+    /// etcd with it to check what is stored, not what allot says.
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let out = self
+            .etcdctl_command(args)
             .output()
             .expect("etcdctl (Debian's etcd-client)");
-        let text = String::from_utf8_lossy(&status.stdout);
-        let revision: String = text
-            .split("\"revision\":")
-            .nth(1)
-            .map(|r| r.chars().take_while(char::is_ascii_digit).collect())
-            .expect("etcdctl reports the revision");
-        let out = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoint(), "compact", &revision])
-            .output()
-            .expect("etcdctl compact");
-        assert!(out.status.success(), "etcdctl compact: {out:?}");
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
+
+    /// The keys under `prefix`, as etcdctl lists them.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        self.etcdctl(&["get", "--prefix", prefix, "--keys-only"])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// How many keys are under `prefix` (a range's count is every key in it, whatever the
+    /// limit).
+    pub fn count(&self, prefix: &str) -> u64 {
+        let json = self.etcdctl(&["get", "--prefix", prefix, "--limit", "1", "-w", "json"]);
+        json_number(&json, "count").unwrap_or(0)
+    }
+
+    /// Compacts etcd's history up to its current revision (what `--auto-compaction` does).
+    pub fn compact(&self) {
+        let json = self.etcdctl(&["get", "x", "-w", "json"]);
+        let revision = json_number(&json, "revision").expect("etcdctl reports the revision");
+        self.etcdctl(&["compact", &revision.to_string()]);
+    }
+}
+
+/// The first number after `"field":` in etcdctl's JSON.
+fn json_number(json: &str, field: &str) -> Option<u64> {
+    let digits: String = json
+        .split(&format!("\"{field}\":"))
+        .nth(1)?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
