@@ -15,31 +15,15 @@ use allot_store::{EtcdConfig, EtcdStore};
 const WAIT: Duration = Duration::from_secs(20);
 
 #[track_caller]
-fn eventually(lab: &Lab, what: &str, mut holds: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !holds() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not after {WAIT:?}; agent log:\n{}",
-            lab.agent.log()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+fn eventually(lab: &Lab, what: &str, holds: impl FnMut() -> bool) {
+    lab.eventually(what, WAIT, holds);
 }
 
-/// The claim keys in etcd, read with etcdctl: what is stored, not what allot says.
+/// The claimed addresses in etcd, read with etcdctl: what is stored, not what allot says.
 fn claim_keys(etcd: &EtcdServer) -> Vec<String> {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd.endpoint()])
-        .args(["get", "--prefix", "/allot/claims/", "--keys-only"])
-        .output()
-        .expect("etcdctl (Debian's etcd-client)");
-    assert!(out.status.success(), "etcdctl: {out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(|l| l.trim_start_matches("/allot/claims/").to_string())
+    etcd.keys("/allot/claims/")
+        .iter()
+        .map(|k| k.trim_start_matches("/allot/claims/").to_string())
         .collect()
 }
 
@@ -72,12 +56,7 @@ fn agents_on_one_etcd_hand_out_each_address_once_and_follow_each_other_by_watch(
     };
     let other = Agent::start_sharing(&lab.agent);
     let conf = lab.bridge_conf(&["six"], &[]);
-    let other_conf = bridge_conf(
-        "1.0.0",
-        &lab.network,
-        &lab.bridge,
-        allot_ipam(&other.socket(), &["six"], &[]),
-    );
+    let other_conf = lab.bridge_conf_via(&other.socket(), &["six"], &[]);
 
     let mut seen = std::collections::BTreeSet::new();
     for name in ["a1", "a2", "a3"] {
@@ -270,30 +249,25 @@ fn an_agent_killed_mid_add_gives_the_retry_the_same_address_and_no_one_else() {
     };
     let other = Agent::start_sharing(&lab.agent);
     let conf = lab.bridge_conf(&["small"], &[]);
-    let other_conf = bridge_conf(
-        "1.0.0",
-        &lab.network,
-        &lab.bridge,
-        allot_ipam(&other.socket(), &["small"], &[]),
-    );
+    let other_conf = lab.bridge_conf_via(&other.socket(), &["small"], &[]);
     let truth = EtcdStore::connect(&EtcdConfig::from_url(&url).unwrap()).unwrap();
 
-    // Stop the agent (SIGSTOP) at a random moment of an ADD until it is caught with its claim in
-    // etcd and its answer not given; then SIGKILL it.
+    // Stop the agent (SIGSTOP) at moments swept across an ADD's duration until it is caught
+    // with its claim in etcd and its answer not given; then SIGKILL it. An attempt that is not
+    // caught is deleted again, so the pool never runs out.
+    let probe = Attachment::new("probe");
+    let add_takes = lab.cni("allot", "ADD", &probe, &conf).expect_ok().elapsed;
+    lab.cni("allot", "DEL", &probe, &conf).expect_ok();
+    const SWEEP: u32 = 40;
     let mut caught = None;
-    for n in 0..60 {
+    for n in 0..SWEEP * 3 {
         let pod = Attachment::new(&format!("victim-{n}"));
         let id = allot_core::store::Attachment {
             container_id: pod.container_id.clone(),
             interface: pod.ifname.clone(),
         };
-        let pause = Duration::from_micros(u64::from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos()
-                % 8000,
-        ));
+        // From the start of the ADD to a fifth past its usual end.
+        let pause = add_takes * 6 * (n % SWEEP) / (5 * SWEEP);
         let killed = thread::scope(|s| {
             let add = s.spawn(|| lab.cni("allot", "ADD", &pod, &conf));
             thread::sleep(pause);
@@ -314,6 +288,7 @@ fn an_agent_killed_mid_add_gives_the_retry_the_same_address_and_no_one_else() {
             caught = Some((pod, address));
             break;
         }
+        lab.cni("allot", "DEL", &pod, &conf).expect_ok();
     }
     let (pod, first) = caught.expect("the agent was never caught between its claim and its answer");
 
