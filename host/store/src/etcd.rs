@@ -250,8 +250,18 @@ impl EtcdStore {
                 });
             let _ = tx.send(outcome);
         });
-        rx.recv()
-            .unwrap_or_else(|_| Err(StoreError::Backend("the etcd client stopped".into())))
+        // The budget above ends any call that yields; this one ends a call even if its task
+        // never yields again (a bug), so that no agent thread waits forever.
+        rx.recv_timeout(self.timeout + Duration::from_secs(1))
+            .unwrap_or_else(|e| {
+                Err(StoreError::Backend(format!(
+                    "the etcd client {}; restart the agent if this repeats",
+                    match e {
+                        std::sync::mpsc::RecvTimeoutError::Timeout => "did not finish a call",
+                        std::sync::mpsc::RecvTimeoutError::Disconnected => "stopped",
+                    }
+                )))
+            })
     }
 
     /// The claims an index lists that still `belong` there (an index key and its claim are

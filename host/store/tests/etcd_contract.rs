@@ -97,6 +97,58 @@ fn a_watch_that_lost_history_to_compaction_makes_readers_resync() {
     );
 }
 
+/// Writes that change no claim (pools applied, other applications' keys in the same etcd) move
+/// etcd's revision without an event on the claims' watch: the feed still confirms the current
+/// revision at once, instead of holding every reader until the next claim.
+#[test]
+fn revisions_that_change_no_claim_are_confirmed_at_once() {
+    let etcd = EtcdServer::start();
+    let node = open(&etcd);
+    let other = open(&etcd);
+    let p = pod("ns", "p", "u");
+    let start = node.snapshot(0).unwrap().revision;
+    other
+        .claim(&[claim(
+            "10.0.0.1",
+            "p",
+            Some(&attachment("c1", "eth0")),
+            &p,
+            T0,
+        )])
+        .unwrap();
+    etcd.etcdctl(&["put", "/another-application/key", "v"]);
+    etcd.etcdctl(&["put", "/allot/config/IPPool/unrelated", "{}"]);
+    let now = node.snapshot(0).unwrap().revision;
+    let Changes::Since { changes, revision } = node.changes_since(start).unwrap() else {
+        panic!("nothing was compacted");
+    };
+    assert_eq!(
+        changes.iter().map(|c| c.address).collect::<Vec<_>>(),
+        [ip("10.0.0.1")]
+    );
+    assert_eq!(
+        revision, now,
+        "the feed reaches the current revision, not only the last claim's"
+    );
+    // Confirming a quiet revision skips nothing that comes after it.
+    other
+        .claim(&[claim(
+            "10.0.0.2",
+            "p",
+            Some(&attachment("c2", "eth0")),
+            &p,
+            T0,
+        )])
+        .unwrap();
+    let Changes::Since { changes, .. } = node.changes_since(now).unwrap() else {
+        panic!("nothing was compacted");
+    };
+    assert_eq!(
+        changes.iter().map(|c| c.address).collect::<Vec<_>>(),
+        [ip("10.0.0.2")]
+    );
+}
+
 /// Connections cut at random moments while a client claims dual-stack batches: every batch is
 /// stored whole or not at all (whatever the client was told), a batch reported claimed is
 /// stored, and every stored claim has its index keys.

@@ -155,6 +155,11 @@ impl Inner {
         }
     }
 
+    /// Written by every transaction that writes claims (see [`keys`] for why).
+    fn claims_changed(&self) -> TxnOp {
+        TxnOp::put(self.keys.last_claim_change(), "", None)
+    }
+
     fn pod_index(&self, c: &Claim) -> String {
         format!(
             "{}{}",
@@ -178,7 +183,7 @@ impl Inner {
         let twice = reattach.iter().find(|r| !named.insert(r.address));
         let pools: BTreeMap<&str, IpAddr> =
             fresh.iter().map(|c| (c.pool.as_str(), c.address)).collect();
-        let ops = fresh.len() * 4 + reattach.len() * 3 + pools.len();
+        let ops = fresh.len() * 4 + reattach.len() * 3 + pools.len() + 1;
         if ops > MAX_TXN_OPS || fresh.len() + reattach.len() > MAX_TXN_OPS {
             return Err(StoreError::Backend(format!(
                 "a batch of {} addresses needs {ops} etcd operations, more than etcd's \
@@ -233,6 +238,7 @@ impl Inner {
                 None,
             ));
         }
+        success.push(self.claims_changed());
         let mut out = Vec::with_capacity(reattach.len());
         let mut guards = Vec::with_capacity(reattach.len());
         for (r, read) in reattach.iter().zip(reads) {
@@ -316,6 +322,7 @@ impl Inner {
                     ));
                     out.push(write(&r.claim, &mut ops));
                 }
+                ops.push(self.claims_changed());
                 if self
                     .txn(Txn::new().when(compares).and_then(ops))
                     .await?

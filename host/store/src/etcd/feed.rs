@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use allot_core::store::{Change, ChangeKind, Changes, StoreError};
-use etcd_client::{EventType, GetOptions, WatchOptions, WatchResponse};
+use etcd_client::{EventType, WatchOptions, WatchResponse};
 
 use super::Inner;
 use super::keys::{Keys, range_end};
@@ -111,44 +111,43 @@ impl Feed {
 }
 
 impl Inner {
-    /// etcd's current revision.
-    async fn current_revision(&self) -> Result<u64, StoreError> {
-        Ok(self.count(&self.keys.claims(), |o| o).await?.1)
-    }
-
-    /// A count-only read of the keys under `prefix` that `narrow` keeps: how many, and the
-    /// revision it was read at.
-    async fn count(
-        &self,
-        prefix: &str,
-        narrow: impl FnOnce(GetOptions) -> GetOptions,
-    ) -> Result<(i64, u64), StoreError> {
-        let options = narrow(GetOptions::new().with_range(range_end(prefix))).with_count_only();
+    /// etcd's current revision, and the revision of the latest write of claims at that time
+    /// (0: none yet), in one read of one key ([`Keys::last_claim_change`]).
+    async fn claim_revisions(&self) -> Result<(u64, u64), StoreError> {
         let resp = self
             .kv()
-            .get(prefix, Some(options))
+            .get(self.keys.last_claim_change(), None)
             .await
             .map_err(|e| self.err(e))?;
-        let revision = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
-        Ok((resp.count(), revision))
+        let now = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
+        let last = resp.kvs().first().map(|kv| kv.mod_revision()).unwrap_or(0) as u64;
+        Ok((now, last))
+    }
+
+    async fn current_revision(&self) -> Result<u64, StoreError> {
+        Ok(self.claim_revisions().await?.0)
     }
 
     pub(super) async fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
-        let now = end_of(self.current_revision().await?);
+        let (now, last_change) = self.claim_revisions().await?;
+        let now = end_of(now);
         if revision > now {
             // A revision from another history (another etcd, a restored backup): start over.
             return Ok(Changes::Compacted);
         }
-        let behind = self.feed.lock().progress;
-        if behind < now && self.quiet_between(behind >> 16, now >> 16).await? {
-            // No claim changed after what the watch saw: other keys moved the revision.
-            self.feed.record(Vec::new(), now);
-        }
+        // Once the watch has delivered the latest write of claims, it knows every claim change
+        // up to `now`: later revisions moved other keys (pools, other applications' keys).
+        let needed = end_of(last_change);
         let mut progress = self.feed.progress.subscribe();
-        let caught_up = tokio::time::timeout(CATCH_UP, progress.wait_for(|p| *p >= now)).await;
-        if caught_up.is_err() {
+        // (The guard `wait_for` returns is dropped at once: `record` writes the same value.)
+        let caught_up = tokio::time::timeout(CATCH_UP, progress.wait_for(|p| *p >= needed))
+            .await
+            .is_ok_and(|seen| seen.is_ok());
+        if caught_up {
+            self.feed.record(Vec::new(), now);
+        } else {
             tracing::debug!(
-                now,
+                needed,
                 "the claims watch has not caught up; answering with what it saw"
             );
         }
@@ -172,26 +171,6 @@ impl Inner {
                 .collect(),
             revision: st.progress,
         })
-    }
-
-    /// Whether no claim changed in etcd revisions `(after, upto]`: no claim key was written
-    /// then, and no address was released (a release writes `released/ADDRESS` in the same
-    /// transaction, the only trace of a delete that a read can see). This confirms the watch's
-    /// progress without etcd's progress requests, which etcd before 3.4.26 may answer ahead of
-    /// events it has not sent yet.
-    async fn quiet_between(&self, after: u64, upto: u64) -> Result<bool, StoreError> {
-        for prefix in [self.keys.claims(), self.keys.released()] {
-            let (changed, _) = self
-                .count(&prefix, |o| {
-                    o.with_min_mod_revision(after as i64 + 1)
-                        .with_revision(upto as i64)
-                })
-                .await?;
-            if changed > 0 {
-                return Ok(false);
-            }
-        }
-        Ok(true)
     }
 
     /// What one watch response says about claims, at their positions (all events of one
@@ -325,8 +304,9 @@ async fn watch_once(inner: &Inner, backoff: &mut Backoff) -> Result<(), StoreErr
             backoff.reset();
             continue;
         }
-        // Progress comes from events only (see `quiet_between` for why not from etcd's
-        // progress notifications).
+        // Progress comes from events, and from `changes_since` reading the revision of the
+        // latest claim write: not from etcd's progress notifications, which etcd before 3.4.26
+        // may send ahead of events it has not delivered yet.
         let changes = inner.changes_of(&resp);
         if let Some(last) = changes.iter().map(|c| c.revision).max() {
             inner.feed.record(changes, last);

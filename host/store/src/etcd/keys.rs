@@ -7,11 +7,16 @@
 //! PREFIX/index/detached/ADDRESS                   ""   kept StatefulSet addresses
 //! PREFIX/released/ADDRESS                         unix seconds of the release (cool-down)
 //! PREFIX/cursors/POOL                             the address the pool handed out last
+//! PREFIX/last-claim-change                        ""   rewritten by every write of claims
 //! ```
 //!
 //! Every write that touches a claim writes its index keys in the same transaction, so the
 //! indexes are exact at every revision. Segments are the text as given, with `%` and `/`
 //! percent-encoded so that a name can never reach into another key's range.
+//!
+//! `last-claim-change` exists for its `mod_revision`: the revision of the latest write of any
+//! claim. One read of it tells an agent how far its watch must have come to know every claim
+//! change up to now, whatever else (pools, other applications) moved etcd's revision since.
 
 use std::net::IpAddr;
 
@@ -68,6 +73,10 @@ impl Keys {
 
     pub fn released(&self) -> String {
         format!("{}/released/", self.prefix)
+    }
+
+    pub fn last_claim_change(&self) -> String {
+        format!("{}/last-claim-change", self.prefix)
     }
 
     pub fn cursors(&self) -> String {
