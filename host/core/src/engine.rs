@@ -61,6 +61,11 @@ pub struct EngineConfig {
     pub stateful_keep: u64,
     /// The index is rebuilt from a store snapshot this often, whatever the change feed said.
     pub resync: u64,
+    /// Set when several engines (one per node) write to one store: each pool's cursor then
+    /// starts at a place of its own, chosen from this value and the pool's name, instead of
+    /// where the last writer left the shared cursor. Nodes walking the same order from the
+    /// same place would race for every address; from their own places they rarely meet.
+    pub spread: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +75,7 @@ impl Default for EngineConfig {
             gc_grace: 60,
             stateful_keep: 24 * 3600,
             resync: 300,
+            spread: None,
         }
     }
 }

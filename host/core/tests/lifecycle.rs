@@ -71,6 +71,27 @@ fn engines_sharing_a_store_keep_their_indexes_true() {
     assert_eq!(store.all().unwrap().len(), 6);
 }
 
+/// Engines of different nodes sharing a store start each pool at places of their own: their
+/// first allocations differ, where engines without a spread take the same first address.
+#[test]
+fn nodes_sharing_a_store_start_each_pool_at_a_place_of_their_own() {
+    let pools = || vec![pool("a", "10.0.0.0/16", &[], None)];
+    let first = |spread: Option<u64>| {
+        let store = Arc::new(MemoryStore::new());
+        let config = EngineConfig { spread, ..quick() };
+        let e = engine_on(store, pools(), config);
+        addresses(&e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap())[0]
+    };
+    assert_eq!(first(None), first(None), "one order without a spread");
+    let places: BTreeSet<_> = (1..=10).map(|node| first(Some(node))).collect();
+    assert!(
+        places.len() >= 9,
+        "ten nodes in a /16 start at ten places, not {places:?}"
+    );
+    // A place of its own is kept: the same node starts at the same place again.
+    assert_eq!(first(Some(7)), first(Some(7)));
+}
+
 /// When the feed has been compacted past the engine's revision, it rebuilds from a snapshot.
 #[test]
 fn a_compacted_feed_falls_back_to_a_snapshot() {

@@ -78,6 +78,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
                 cursors,
                 cooldown: self.config.cooldown,
                 now,
+                spread: self.config.spread,
             },
         )?;
         if generation == installed.generation {

@@ -59,6 +59,16 @@ pub(super) struct Carried<'a> {
     pub cursors: HashMap<String, IpAddr>,
     pub cooldown: u64,
     pub now: u64,
+    /// [`super::EngineConfig::spread`].
+    pub spread: Option<u64>,
+}
+
+/// Where a pool's cursor starts on a node sharing the store with others.
+fn spread_seed(spread: u64, pool: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (spread, pool).hash(&mut h);
+    h.finish()
 }
 
 impl State {
@@ -132,16 +142,22 @@ impl State {
                 ranges.push((addr_to_u128(lo), addr_to_u128(hi), pool.family, i));
             }
             let mut index = FreeIndex::new(&assignable);
-            let cursor = carried.cursors.get(&ip.name).copied().or_else(|| {
+            let stored = || {
                 carried
                     .snapshot
                     .cursors
                     .iter()
                     .find(|(p, _)| *p == ip.name)
                     .map(|&(_, a)| a)
-            });
-            if let Some(cursor) = cursor {
-                index.resume_after(cursor);
+            };
+            match (carried.cursors.get(&ip.name), carried.spread) {
+                (Some(&cursor), _) => index.resume_after(cursor),
+                (None, Some(spread)) => index.scatter(spread_seed(spread, &ip.name)),
+                (None, None) => {
+                    if let Some(cursor) = stored() {
+                        index.resume_after(cursor);
+                    }
+                }
             }
             entries.push(PoolEntry {
                 index,
