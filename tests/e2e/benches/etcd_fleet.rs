@@ -142,6 +142,52 @@ fn follow_latency(url: &str, claims: u32) -> Vec<Duration> {
     out
 }
 
+/// etcd's count of KV requests it answered, by method (`Range`, `Txn`, `Put`), from its
+/// Prometheus endpoint on the client port.
+fn etcd_requests(endpoint: &str) -> std::collections::BTreeMap<String, f64> {
+    use std::io::{Read, Write};
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(mut conn) = std::net::TcpStream::connect(endpoint) else {
+        return out;
+    };
+    let _ = write!(conn, "GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
+    let mut text = String::new();
+    let _ = conn.read_to_string(&mut text);
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("grpc_server_handled_total{") else {
+            continue;
+        };
+        if !rest.contains("grpc_service=\"etcdserverpb.KV\"") {
+            continue;
+        }
+        let method = rest
+            .split("grpc_method=\"")
+            .nth(1)
+            .and_then(|m| m.split('"').next());
+        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let (Some(method), Some(value)) = (method, value) {
+            *out.entry(method.to_string()).or_default() += value;
+        }
+    }
+    out
+}
+
+/// Requests per ADD, by method, between two readings of [`etcd_requests`].
+fn per_add(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+    adds: usize,
+) -> String {
+    after
+        .iter()
+        .filter_map(|(method, n)| {
+            let d = n - before.get(method).copied().unwrap_or(0.0);
+            (d > 0.0).then(|| format!("{method} {:.2}", d / adds as f64))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn main() {
     if skip("etcd_fleet") {
         return;
@@ -166,7 +212,9 @@ fn main() {
     )
     .expect("a fleet");
     let attachments = fleet.pods(pods);
+    let requests_before = etcd_requests(&etcd.endpoint());
     let (added, elapsed) = fleet.run("ADD", &attachments, parallel);
+    let requests_after = etcd_requests(&etcd.endpoint());
     for out in &added {
         out.expect_ok();
     }
@@ -186,6 +234,10 @@ fn main() {
          reads around it)",
         rate / raw
     );
+    println!(
+        "etcd requests per ADD (all ten agents, ticks included): {}",
+        per_add(&requests_before, &requests_after, pods)
+    );
     let (deleted, del_elapsed) = fleet.run("DEL", &attachments, parallel);
     for out in &deleted {
         out.expect_ok();
@@ -199,7 +251,9 @@ fn main() {
     // plugin process per ADD.
     let attachments = fleet.pods(pods);
     let lost_before = fleet.lost_races();
+    let requests_before = etcd_requests(&etcd.endpoint());
     let (api, api_elapsed) = fleet.run_api(allot_api::ADD, &attachments, parallel);
+    let requests_after = etcd_requests(&etcd.endpoint());
     let api_rate = pods as f64 / api_elapsed.as_secs_f64();
     println!(
         "the same {pods} ADDs straight to the agents' API: {api_rate:.0} ADD/s (p50 {}, p99 {}), \
@@ -209,6 +263,10 @@ fn main() {
         (fleet.lost_races() - lost_before) as f64 * 1000.0 / pods as f64,
         api_rate / raw,
         api_rate / raw_txns
+    );
+    println!(
+        "etcd requests per ADD straight to the API: {}",
+        per_add(&requests_before, &requests_after, pods)
     );
     let (_, api_del) = fleet.run_api(allot_api::DEL, &attachments, parallel);
     println!(

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::{
-    Agent, Attachment, CniOutput, Lab, Netns, allot_ipam, bridge_conf, http_get, http_post,
+    Agent, Attachment, Cni, CniOutput, Lab, Netns, allot_ipam, bridge_conf, http_get, http_post,
 };
 
 pub struct Fleet {
@@ -85,7 +85,13 @@ impl Fleet {
                                 return mine;
                             }
                             let conf = &self.confs[i % self.confs.len()];
-                            mine.push((i, self.lab.cni("allot", command, &pods[i], conf)));
+                            // Spawned from here, not entering the lab's host namespace: the
+                            // IPAM plugin only talks to its agent's socket, and a spawn without
+                            // `setns` is a cheap vfork where entering one forks the whole
+                            // (large) test process.
+                            let call =
+                                Cni::new(&self.lab.plugins, "allot", command, &conf.to_string());
+                            mine.push((i, call.attachment(&pods[i]).run(None)));
                         }
                     })
                 })
