@@ -38,6 +38,12 @@ enum Command {
     /// Pools, subnets and reserved addresses kept in etcd (`--store etcd://…`).
     #[command(subcommand)]
     Pool(store_cmd::PoolCommand),
+    /// Print the CustomResourceDefinitions of allot.dev (or write one file per CRD with --out).
+    Crds {
+        /// A directory to write `PLURAL.allot.dev.yaml` files to (the repository's `crds/`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -111,6 +117,29 @@ impl PolicyArgs {
     }
 }
 
+/// `allotctl crds [--out DIR]`.
+fn crds(out: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let files = allot_k8s::crds_yaml();
+    match out {
+        None => {
+            for (_, yaml) in &files {
+                print!("---\n{yaml}");
+            }
+        }
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            for (name, yaml) in &files {
+                let path = dir.join(name);
+                std::fs::write(&path, yaml)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -146,6 +175,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }) => bench(&policy, pools, iterations),
         Command::Claims(c) => store_cmd::claims_command(&cli.store, c),
         Command::Pool(c) => store_cmd::pool_command(&cli.store, c),
+        Command::Crds { out } => crds(out.as_deref()),
     }
 }
 

@@ -1,0 +1,35 @@
+//! allot's Kubernetes API: the custom resources of group `allot.dev`, version `v1alpha1`.
+//!
+//! - [`IPPool`] (`ipp`), [`Subnet`], [`ReservedIP`]: the shapes users already know from the
+//!   standalone files (`allot_core::spec`), so one YAML document means the same in a directory,
+//!   in etcd and in a cluster. Converting one into core's checked object is one `TryFrom`, which
+//!   calls the same `from_spec` as the standalone loader: validation is written once.
+//! - [`Endpoint`]: what a pod holds, per interface, named after the pod.
+//! - [`IPBlock`]: the claims of an aligned run of one pool's addresses (the Kubernetes store's
+//!   unit of truth, written with resourceVersion compare-and-swap).
+//! - [`Policy`]: which policy component a cluster runs, and what its status says about it.
+//!
+//! `crds/` is generated from these types by `allotctl crds` ([`crds`]); a test fails when the
+//! committed files are stale.
+
+mod block;
+mod convert;
+mod crd;
+mod endpoint;
+mod policy;
+mod pools;
+
+pub use block::{BlockClaim, IPBlock, IPBlockSpec};
+pub use crd::{crd_file_name, crds, crds_yaml};
+pub use endpoint::{Endpoint, EndpointInterface, EndpointSpec, OwnerRef};
+pub use policy::{
+    ConfigMapKey, OnFailure, Policy, PolicyLocation, PolicySource, PolicySpec, PolicyStatus,
+};
+pub use pools::{
+    IPPool, IpPoolSpec, IpPoolStatus, ReservedIP, ReservedIpSpec, Subnet, SubnetSpec, SubnetStatus,
+};
+
+/// The API group of every allot resource.
+pub const GROUP: &str = "allot.dev";
+/// The one version served so far.
+pub const VERSION: &str = "v1alpha1";

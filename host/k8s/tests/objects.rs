@@ -1,0 +1,152 @@
+//! The objects users write: every sample in examples/kubernetes reads as its type, and a pool
+//! object means exactly what the same document means to the standalone loader.
+
+use std::path::Path;
+
+use allot_core::config::{Object, Observation};
+use allot_core::{Pool, Reserved, Subnet};
+use allot_k8s::{
+    Endpoint, IPBlock, IPPool, Policy, PolicyLocation, ReservedIP, Subnet as SubnetObject,
+};
+use serde::Deserialize;
+
+fn examples() -> Vec<(String, serde_yaml::Value)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kubernetes");
+    let mut docs = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_yaml::Value::deserialize(doc).unwrap();
+            if !value.is_null() {
+                docs.push((path.display().to_string(), value));
+            }
+        }
+    }
+    docs
+}
+
+fn standalone(text: &str) -> Observation {
+    let mut out = Observation::default();
+    allot_core::documents::observe_text(text, "test", &mut out);
+    out
+}
+
+#[test]
+fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
+    let mut kinds = std::collections::BTreeSet::new();
+    for (file, doc) in examples() {
+        let kind = doc["kind"].as_str().unwrap().to_string();
+        let parsed = match kind.as_str() {
+            "IPPool" => serde_yaml::from_value::<IPPool>(doc.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|p| Pool::try_from(&p).map(drop).map_err(|e| e.to_string())),
+            "Subnet" => serde_yaml::from_value::<SubnetObject>(doc.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|s| Subnet::try_from(&s).map(drop).map_err(|e| e.to_string())),
+            "ReservedIP" => serde_yaml::from_value::<ReservedIP>(doc.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|r| Reserved::try_from(&r).map(drop).map_err(|e| e.to_string())),
+            "Endpoint" => serde_yaml::from_value::<Endpoint>(doc.clone())
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            "IPBlock" => serde_yaml::from_value::<IPBlock>(doc.clone())
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            "Policy" => serde_yaml::from_value::<Policy>(doc.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|p| p.spec.source.location().map(drop)),
+            other => Err(format!("unknown kind {other}")),
+        };
+        if let Err(e) = parsed {
+            panic!("{file}: {kind}: {e}");
+        }
+        kinds.insert(kind);
+    }
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        [
+            "Endpoint",
+            "IPBlock",
+            "IPPool",
+            "Policy",
+            "ReservedIP",
+            "Subnet"
+        ]
+    );
+}
+
+#[test]
+fn a_pool_object_is_the_pool_the_standalone_loader_reads() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kubernetes/pools.yaml"),
+    )
+    .unwrap();
+    let loaded = standalone(&text);
+    assert!(loaded.incomplete.is_empty(), "{:?}", loaded.incomplete);
+    let mut compared = 0;
+    for (_, doc) in examples()
+        .into_iter()
+        .filter(|(_, d)| d["kind"] == "IPPool")
+    {
+        let object: IPPool = serde_yaml::from_value(doc).unwrap();
+        let from_cluster = Pool::try_from(&object).unwrap();
+        let from_file = loaded
+            .objects
+            .iter()
+            .find_map(|o| match &o.object {
+                Ok(Object::Pool(p)) if p.meta.name == from_cluster.meta.name => Some(p.clone()),
+                _ => None,
+            })
+            .expect("the standalone loader read the same pool");
+        // (Pool has no PartialEq: compare every field through Debug.)
+        assert_eq!(format!("{from_file:?}"), format!("{from_cluster:?}"));
+        compared += 1;
+    }
+    assert_eq!(compared, 3);
+}
+
+#[test]
+fn an_invalid_pool_is_refused_with_the_standalone_loaders_words() {
+    let text = "apiVersion: allot.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: bad\nspec:\n  \
+                subnet: 10.0.0.0/24\n  gateway: 10.0.1.1\n";
+    let object: IPPool = serde_yaml::from_str(text).unwrap();
+    let from_cluster = Pool::try_from(&object).unwrap_err().to_string();
+    let loaded = standalone(text);
+    let from_file = match &loaded.objects[0].object {
+        Err(invalid) => invalid.error.clone(),
+        Ok(_) => panic!("the standalone loader accepted it"),
+    };
+    assert_eq!(from_cluster, from_file);
+    assert!(from_cluster.contains("gateway"), "{from_cluster}");
+}
+
+#[test]
+fn an_unknown_spec_field_is_an_error_naming_it() {
+    let text = "apiVersion: allot.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: typo\nspec:\n  \
+                subnet: 10.0.0.0/24\n  nodename: [a]\n";
+    let e = serde_yaml::from_str::<IPPool>(text)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nodename"), "{e}");
+}
+
+#[test]
+fn a_policy_source_has_exactly_one_location() {
+    let source = |yaml: &str| -> allot_k8s::PolicySource { serde_yaml::from_str(yaml).unwrap() };
+    assert_eq!(
+        source("file: /var/lib/allot/policy.wasm").location(),
+        Ok(PolicyLocation::File("/var/lib/allot/policy.wasm"))
+    );
+    assert!(source("{}").location().unwrap_err().contains("exactly one"));
+    assert!(
+        source("file: /p.wasm\noci: oci://r/p:1")
+            .location()
+            .unwrap_err()
+            .contains("has 2")
+    );
+}
