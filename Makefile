@@ -9,7 +9,7 @@ POLICY_0_1_0 := tests/fixtures/default-policy-0.1.0/default_policy.wasm
 SCENARIOS_SINCE_0_1_0 := examples/scenarios/sort examples/scenarios/dual-stack \
 	examples/scenarios/malformed examples/scenarios/wildcards
 
-.PHONY: run test setup build policies lint scenarios unit bench fuzz
+.PHONY: run test setup build policies lint scenarios schemas unit bench fuzz
 
 # The main job: the node agent in standalone mode on examples/standalone/ with the embedded
 # default policy, listening on /run/allot/agent.sock (see the README for a pod's-eye view).
@@ -17,7 +17,7 @@ run: build
 	exec target/release/allot-agent --standalone examples/standalone
 
 # The whole test suite, as CI runs it (.ci/run).
-test: lint build policies scenarios unit
+test: lint build policies scenarios schemas unit
 
 setup:
 	@scripts/setup.sh
@@ -41,6 +41,11 @@ scenarios: build policies
 	# A component built against allot:policy@0.1.0 still decides as it did: the scenarios whose
 	# behaviour 0.2.0's default did not change (the others are in host/policy/tests).
 	$(ALLOTCTL) policy test --policy $(POLICY_0_1_0) $(SCENARIOS_SINCE_0_1_0)
+
+# crds/ is current (a unit test of host/k8s) and valid, and the samples of examples/kubernetes
+# pass their CRDs' schemas: offline, since no API server can run here.
+schemas: build
+	python3 scripts/check-k8s-schemas.py
 
 unit: policies
 	$(CARGO) nextest run --release --locked --workspace

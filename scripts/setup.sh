@@ -36,3 +36,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${sudo_cmd[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
 fi
+
+# The offline schema check of crds/ and examples/kubernetes/ (no API server runs here).
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+    echo "setup: installing kubernetes-validate (PyPI) for the offline CRD schema check"
+    python3 -m pip install --quiet kubernetes-validate \
+        || python3 -m pip install --quiet --break-system-packages kubernetes-validate
+fi
