@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::engine::{Engine, EngineConfig};
+use allot_core::engine::{Engine, EngineConfig, seed_of};
 use allot_core::store::Store;
 use allot_core::store::system_clock;
 use allot_policy::{
@@ -164,7 +164,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stateful_keep: args.statefulset_keep_seconds,
         resync: args.resync_seconds.max(1),
         // Nodes sharing etcd start each pool at a place of their own, so they rarely race.
-        spread: matches!(opened, OpenedStore::Etcd(_)).then(|| node_seed(&node_name)),
+        spread: matches!(opened, OpenedStore::Etcd(_)).then(|| seed_of(&node_name)),
     };
     let engine: Arc<AgentEngine> = Arc::new(Engine::with_config(
         store,
@@ -205,14 +205,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ticker.abort();
         served
     })
-}
-
-/// A number for a node name, the same at every start of the agent.
-fn node_seed(node: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    node.hash(&mut h);
-    h.finish()
 }
 
 /// Applies other nodes' claims and releases as soon as the store's watch reports them, rather

@@ -639,9 +639,15 @@ impl<S: Store, P: Policy> Engine<S, P> {
 /// Where a pool's cursor jumps after a lost race: different for each attachment and attempt, so
 /// that agents racing in the same order spread out (a pure function: no random source).
 fn scatter_seed(attachment: &Attachment, address: IpAddr, attempt: usize) -> u64 {
-    use std::hash::{Hash, Hasher};
+    seed_of(&(attachment, address, attempt))
+}
+
+/// A number for `value`, the same in every process of one build (std's SipHash with fixed
+/// keys): where cursors jump or start, never anything stored.
+pub fn seed_of(value: &impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (attachment, address, attempt).hash(&mut h);
+    value.hash(&mut h);
     h.finish()
 }
 

@@ -63,14 +63,6 @@ pub(super) struct Carried<'a> {
     pub spread: Option<u64>,
 }
 
-/// Where a pool's cursor starts on a node sharing the store with others.
-fn spread_seed(spread: u64, pool: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (spread, pool).hash(&mut h);
-    h.finish()
-}
-
 impl State {
     pub fn empty(cooldown: u64) -> Self {
         State {
@@ -152,7 +144,7 @@ impl State {
             };
             match (carried.cursors.get(&ip.name), carried.spread) {
                 (Some(&cursor), _) => index.resume_after(cursor),
-                (None, Some(spread)) => index.scatter(spread_seed(spread, &ip.name)),
+                (None, Some(spread)) => index.scatter(super::seed_of(&(spread, &ip.name))),
                 (None, None) => {
                     if let Some(cursor) = stored() {
                         index.resume_after(cursor);
