@@ -1,6 +1,7 @@
 //! Several agents ("nodes") sharing one claim store, and many pods arriving at once through the
 //! `allot` plugin, spread over them: the etcd stress test and benchmark.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -72,38 +73,14 @@ impl Fleet {
         pods: &[Attachment],
         parallel: usize,
     ) -> (Vec<CniOutput>, Duration) {
-        let next = AtomicUsize::new(0);
-        let started = Instant::now();
-        let mut outs: Vec<(usize, CniOutput)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..parallel)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut mine = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, Ordering::SeqCst);
-                            if i >= pods.len() {
-                                return mine;
-                            }
-                            let conf = &self.confs[i % self.confs.len()];
-                            // Spawned from here, not entering the lab's host namespace: the
-                            // IPAM plugin only talks to its agent's socket, and a spawn without
-                            // `setns` is a cheap vfork where entering one forks the whole
-                            // (large) test process.
-                            let call =
-                                Cni::new(&self.lab.plugins, "allot", command, &conf.to_string());
-                            mine.push((i, call.attachment(&pods[i]).run(None)));
-                        }
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap())
-                .collect()
-        });
-        let elapsed = started.elapsed();
-        outs.sort_by_key(|(i, _)| *i);
-        (outs.into_iter().map(|(_, o)| o).collect(), elapsed)
+        in_parallel(pods.len(), parallel, |i| {
+            let conf = &self.confs[i % self.confs.len()];
+            // Spawned from here, not entering the lab's host namespace: the IPAM plugin only
+            // talks to its agent's socket, and a spawn without `setns` is a cheap vfork where
+            // entering one forks the whole (large) test process.
+            let call = Cni::new(&self.lab.plugins, "allot", command, &conf.to_string());
+            call.attachment(&pods[i]).run(None)
+        })
     }
 
     /// `path` (`/v1/add`, `/v1/del`) straight to the agents' API for every pod, `parallel` at a
@@ -115,51 +92,31 @@ impl Fleet {
         pods: &[Attachment],
         parallel: usize,
     ) -> (Vec<Duration>, Duration) {
-        let next = AtomicUsize::new(0);
-        let started = Instant::now();
-        let mut latencies: Vec<Duration> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..parallel)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut mine = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, Ordering::SeqCst);
-                            if i >= pods.len() {
-                                return mine;
-                            }
-                            let pod = &pods[i];
-                            let body = if path == allot_api::ADD {
-                                serde_json::json!({
-                                    "containerId": pod.container_id,
-                                    "ifName": pod.ifname,
-                                    "netns": pod.netns.path(),
-                                    "network": self.lab.network,
-                                    "defaultIpv4Pools": self.confs[0]["ipam"]["default_ipv4_ippool"],
-                                    "pod": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
-                                })
-                            } else {
-                                serde_json::json!({
-                                    "containerId": pod.container_id,
-                                    "ifName": pod.ifname,
-                                })
-                            };
-                            let socket = &self.sockets[i % self.sockets.len()];
-                            let t = Instant::now();
-                            let (code, answer) =
-                                http_post(socket, path, &body.to_string()).expect("agent API");
-                            assert_eq!(code, 200, "{path} for pod {i}: {answer}");
-                            mine.push(t.elapsed());
-                        }
-                    })
+        let (mut latencies, elapsed) = in_parallel(pods.len(), parallel, |i| {
+            let pod = &pods[i];
+            let body = if path == allot_api::ADD {
+                serde_json::json!({
+                    "containerId": pod.container_id,
+                    "ifName": pod.ifname,
+                    "netns": pod.netns.path(),
+                    "network": self.lab.network,
+                    "defaultIpv4Pools": self.confs[0]["ipam"]["default_ipv4_ippool"],
+                    "pod": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
                 })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap())
-                .collect()
+            } else {
+                serde_json::json!({
+                    "containerId": pod.container_id,
+                    "ifName": pod.ifname,
+                })
+            };
+            let socket = &self.sockets[i % self.sockets.len()];
+            let t = Instant::now();
+            let (code, answer) = http_post(socket, path, &body.to_string()).expect("agent API");
+            assert_eq!(code, 200, "{path} for pod {i}: {answer}");
+            t.elapsed()
         });
         latencies.sort();
-        (latencies, started.elapsed())
+        (latencies, elapsed)
     }
 
     /// Races for addresses the agents lost to each other so far (`allot_lost_races_total`).
@@ -174,6 +131,69 @@ impl Fleet {
             })
             .sum::<f64>() as u64
     }
+}
+
+/// Two agents on the lab's store sharing a pool of six addresses named `pool`: three ADDs
+/// through the lab's agent, three through a second one once it has followed the first three, a
+/// seventh refused as exhausted (CNI code 100), and the first agent following until it sees the
+/// pool full. Returns the six addresses handed out (`ADDRESS/LEN`), all distinct.
+pub fn two_agents_share_six(lab: &Lab, pool: &str, wait: Duration) -> BTreeSet<String> {
+    let other = Agent::start_sharing(&lab.agent);
+    let conf = lab.bridge_conf(&[pool], &[]);
+    let other_conf = lab.bridge_conf_via(&other.socket(), &[pool], &[]);
+    let mut seen = BTreeSet::new();
+    for name in ["a1", "a2", "a3"] {
+        seen.insert(lab.bridge_add(&Attachment::new(name), &conf).ip());
+    }
+    let added = Instant::now();
+    lab.eventually("the other agent sees 3 free", wait, || {
+        other.pool_counts(pool) == (6, 3)
+    });
+    eprintln!("the other agent followed 3 claims in {:?}", added.elapsed());
+    for name in ["b1", "b2", "b3"] {
+        seen.insert(lab.bridge_add(&Attachment::new(name), &other_conf).ip());
+    }
+    assert_eq!(seen.len(), 6, "six distinct addresses: {seen:?}");
+    lab.cni("allot", "ADD", &Attachment::new("b4"), &other_conf)
+        .expect_err(&[100]);
+    lab.eventually("the first agent sees the pool exhausted", wait, || {
+        lab.agent.pool_counts(pool) == (6, 0)
+    });
+    seen
+}
+
+/// `work(i)` for every `i` below `n`, on `parallel` threads taking the next index as they
+/// finish: the results in index order, and the wall-clock time.
+fn in_parallel<T: Send>(
+    n: usize,
+    parallel: usize,
+    work: impl Fn(usize) -> T + Sync,
+) -> (Vec<T>, Duration) {
+    let next = AtomicUsize::new(0);
+    let started = Instant::now();
+    let mut done: Vec<(usize, T)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..parallel)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= n {
+                            return mine;
+                        }
+                        mine.push((i, work(i)));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let elapsed = started.elapsed();
+    done.sort_by_key(|(i, _)| *i);
+    (done.into_iter().map(|(_, t)| t).collect(), elapsed)
 }
 
 /// The `p` quantile of sorted durations.

@@ -5,9 +5,10 @@
 
 use std::process::Command;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::store::Store as _;
+use allot_e2e::fleet::two_agents_share_six;
 use allot_e2e::*;
 use allot_store::etcd::testing::EtcdServer;
 use allot_store::{EtcdConfig, EtcdStore};
@@ -54,31 +55,8 @@ fn agents_on_one_etcd_hand_out_each_address_once_and_follow_each_other_by_watch(
     ) else {
         return;
     };
-    let other = Agent::start_sharing(&lab.agent);
-    let conf = lab.bridge_conf(&["six"], &[]);
-    let other_conf = lab.bridge_conf_via(&other.socket(), &["six"], &[]);
-
-    let mut seen = std::collections::BTreeSet::new();
-    for name in ["a1", "a2", "a3"] {
-        seen.insert(lab.bridge_add(&Attachment::new(name), &conf).ip());
-    }
-    let added = Instant::now();
-    eventually(&lab, "the other agent sees 3 free", || {
-        other.pool_counts("six") == (6, 3)
-    });
-    eprintln!(
-        "the other agent followed 3 claims in {:?} (its tick is 60 s)",
-        added.elapsed()
-    );
-    for name in ["b1", "b2", "b3"] {
-        seen.insert(lab.bridge_add(&Attachment::new(name), &other_conf).ip());
-    }
-    assert_eq!(seen.len(), 6, "six distinct addresses: {seen:?}");
-    lab.cni("allot", "ADD", &Attachment::new("b4"), &other_conf)
-        .expect_err(&[100]);
-    eventually(&lab, "the first agent sees the pool exhausted", || {
-        lab.agent.pool_counts("six") == (6, 0)
-    });
+    // The follow time is printed: with a 60 s tick, only the watch can make it short.
+    let seen = two_agents_share_six(&lab, "six", WAIT);
     let mut stored = claim_keys(&etcd);
     stored.sort();
     let mut handed: Vec<String> = seen.iter().map(|c| ip_only(c)).collect();

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use allot_e2e::fleet::two_agents_share_six;
 use allot_e2e::*;
 use serde_json::{Value, json};
 
@@ -166,25 +167,7 @@ fn two_agents_sharing_one_state_file_see_each_others_claims() {
     ) else {
         return;
     };
-    let other = Agent::start_sharing(&lab.agent);
-    let conf = lab.bridge_conf(&["six"], &[]);
-    let other_conf = lab.bridge_conf_via(&other.socket(), &["six"], &[]);
-    let mut seen = std::collections::BTreeSet::new();
-    for name in ["a1", "a2", "a3"] {
-        seen.insert(lab.bridge_add(&Attachment::new(name), &conf).ip());
-    }
-    eventually(&lab, "the other agent sees 3 free", || {
-        other.pool_counts("six") == (6, 3)
-    });
-    for name in ["b1", "b2", "b3"] {
-        seen.insert(lab.bridge_add(&Attachment::new(name), &other_conf).ip());
-    }
-    assert_eq!(seen.len(), 6, "six distinct addresses: {seen:?}");
-    lab.cni("allot", "ADD", &Attachment::new("b4"), &other_conf)
-        .expect_err(&[100]);
-    eventually(&lab, "the first agent sees the pool exhausted", || {
-        lab.agent.pool_counts("six") == (6, 0)
-    });
+    two_agents_share_six(&lab, "six", WAIT);
 }
 
 #[test]
