@@ -26,7 +26,7 @@ pub use policy::{
     ConfigMapKey, OnFailure, Policy, PolicyLocation, PolicySource, PolicySpec, PolicyStatus,
 };
 pub use pools::{
-    IPPool, IpPoolSpec, IpPoolStatus, ReservedIP, ReservedIpSpec, Subnet, SubnetSpec, SubnetStatus,
+    AddressCounts, IPPool, IpPoolSpec, ReservedIP, ReservedIpSpec, Subnet, SubnetSpec,
 };
 
 /// The API group of every allot resource.

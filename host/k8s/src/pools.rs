@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
     plural = "ippools",
     doc = "Addresses pods get theirs from: a subnet, the entries of it to hand out, and which pods may use them.",
     shortname = "ipp",
-    status = "IpPoolStatus",
+    status = "AddressCounts",
     printcolumn = r#"{"name":"VERSION","type":"integer","jsonPath":".spec.ipVersion"}"#,
     printcolumn = r#"{"name":"SUBNET","type":"string","jsonPath":".spec.subnet"}"#,
     printcolumn = r#"{"name":"ALLOCATED","type":"integer","jsonPath":".status.allocatedIPCount"}"#,
@@ -24,9 +24,11 @@ use serde::{Deserialize, Serialize};
 #[serde(transparent)]
 pub struct IpPoolSpec(pub allot_core::spec::IpPoolSpec);
 
-/// Derived by the controller from the claims, at most every few seconds: never authoritative.
+/// The status of IPPools and Subnets: derived by the controller from the claims, at most every
+/// few seconds; never authoritative.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct IpPoolStatus {
+pub struct AddressCounts {
+    /// Addresses claimed (a Subnet: handed to its pools).
     #[serde(
         rename = "allocatedIPCount",
         default,
@@ -49,7 +51,7 @@ pub struct IpPoolStatus {
     kind = "Subnet",
     plural = "subnets",
     doc = "A range that pools for single applications (auto pools) are carved from.",
-    status = "SubnetStatus",
+    status = "AddressCounts",
     printcolumn = r#"{"name":"VERSION","type":"integer","jsonPath":".spec.ipVersion"}"#,
     printcolumn = r#"{"name":"SUBNET","type":"string","jsonPath":".spec.subnet"}"#,
     printcolumn = r#"{"name":"ALLOCATED","type":"integer","jsonPath":".status.allocatedIPCount"}"#,
@@ -57,23 +59,6 @@ pub struct IpPoolStatus {
 )]
 #[serde(transparent)]
 pub struct SubnetSpec(pub allot_core::spec::SubnetSpec);
-
-/// Addresses of the Subnet handed to pools, and how many it has.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct SubnetStatus {
-    #[serde(
-        rename = "allocatedIPCount",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub allocated_ip_count: Option<u64>,
-    #[serde(
-        rename = "totalIPCount",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub total_ip_count: Option<u64>,
-}
 
 /// A ReservedIP's spec (a terminating ReservedIP no longer reserves).
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
