@@ -137,12 +137,15 @@ impl Inner {
         }
         // Once the watch has delivered the latest write of claims, it knows every claim change
         // up to `now`: later revisions moved other keys (pools, other applications' keys).
+        // Without that key (no claim written yet, or the key deleted by hand) nothing proves the
+        // watch complete: answer with what it saw, and let the next claim write the key again.
         let needed = end_of(last_change);
         let mut progress = self.feed.progress.subscribe();
         // (The guard `wait_for` returns is dropped at once: `record` writes the same value.)
-        let caught_up = tokio::time::timeout(CATCH_UP, progress.wait_for(|p| *p >= needed))
-            .await
-            .is_ok_and(|seen| seen.is_ok());
+        let caught_up = last_change > 0
+            && tokio::time::timeout(CATCH_UP, progress.wait_for(|p| *p >= needed))
+                .await
+                .is_ok_and(|seen| seen.is_ok());
         if caught_up {
             self.feed.record(Vec::new(), now);
         } else {
