@@ -1,10 +1,11 @@
-//! IPBlock: the claims of an aligned run of one pool's addresses.
+//! IPBlock: the claims of an aligned run of 64 addresses (`allot_core::block`).
 //!
 //! One object per address would not scale (150,000 claims against Kubernetes' ~10,000 objects
 //! per kind for list SLOs), and one pool-wide object rewritten per allocation is the hot spot
-//! that caps Spiderpool's pools. A block holds the claims of an aligned CIDR inside one pool
-//! (for instance a /26 of a /16); each write is a compare-and-swap on the block's
-//! resourceVersion, and blocks are preferred per node so that two nodes rarely write one block.
+//! that caps Spiderpool's pools. A block holds the claims of an aligned /26 (IPv4) or /122
+//! (IPv6), whatever pools they come from (each claim names its pool); each write is a
+//! compare-and-swap on the block's resourceVersion, and each node starts its allocations at a
+//! place of its own, so that two nodes rarely write one block.
 
 use std::collections::BTreeMap;
 
@@ -21,19 +22,15 @@ use serde::{Deserialize, Serialize};
     kind = "IPBlock",
     plural = "ipblocks",
     doc = "The claims of an aligned run of one pool's addresses, each change one compare-and-swap.",
-    printcolumn = r#"{"name":"POOL","type":"string","jsonPath":".spec.pool"}"#,
     printcolumn = r#"{"name":"CIDR","type":"string","jsonPath":".spec.cidr"}"#,
     printcolumn = r#"{"name":"NODE","type":"string","jsonPath":".spec.node"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct IPBlockSpec {
-    /// The IPPool whose addresses these are.
-    pub pool: String,
-    /// The aligned run this block covers.
+    /// The aligned run this block covers (its name says the same: `v4-10-0-0-64-26`).
     #[schemars(regex(pattern = r"^[0-9A-Fa-f:.]+/[0-9]{1,3}$"))]
     pub cidr: String,
-    /// The node that allocates from this block first (others only when the pool has no block
-    /// of their own with room).
+    /// The node that opened this block (for people reading it; any node may claim in it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// The claims, by address (canonical text form).
@@ -48,6 +45,8 @@ pub struct IPBlockSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BlockClaim {
+    /// The IPPool the address was handed out from.
+    pub pool: String,
     /// The CNI network (the config's `name`).
     pub network: String,
     /// Absent while a StatefulSet pod's address is kept between its DEL and its next ADD.

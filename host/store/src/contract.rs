@@ -42,6 +42,24 @@ pub use feed::*;
 /// Threads in the concurrency checks.
 pub const THREADS: usize = 16;
 
+/// How long one handle may take to see another handle's writes: no time at all for SQLite and
+/// etcd (their reads are consistent), the watch's delay for Kubernetes (its reads answer from a
+/// watch-fed mirror; a handle's own writes are there when the call returns).
+pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Asks `f` until it answers `Ok`, for up to [`SETTLE`]; returns the last answer either way,
+/// for the caller to assert on.
+pub fn settled<T>(mut f: impl FnMut() -> Result<T, T>) -> T {
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        match f() {
+            Ok(t) => return t,
+            Err(t) if std::time::Instant::now() >= deadline => return t,
+            Err(_) => thread::sleep(std::time::Duration::from_millis(5)),
+        }
+    }
+}
+
 const T0: u64 = 1_700_000_000;
 
 /// Expands to one `#[test]` per contract check. See the [module documentation](crate::contract).

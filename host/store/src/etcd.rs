@@ -21,10 +21,8 @@
 //!
 //! # Synchronous seam, asynchronous client
 //!
-//! The [`Store`] seam is synchronous (the engine calls it from blocking threads, as it calls
-//! SQLite). Each `EtcdStore` owns a small tokio runtime for the gRPC client and its watch; a call
-//! runs as a task there and the caller waits for its answer, so the store can be used from any
-//! thread, including one that belongs to another runtime.
+//! The [`Store`] seam is synchronous; each `EtcdStore` owns a small tokio runtime for the gRPC
+//! client and its watch, and a call waits for its task there ([`crate::blocking`]).
 //!
 //! # Limits
 //!
@@ -44,6 +42,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::blocking::Blocking;
 use allot_core::store::{
     Attachment, Changes, Claim, Clock, Reattach, Snapshot, Store, StoreError, system_clock,
 };
@@ -157,8 +156,7 @@ struct Inner {
 /// Claims in etcd. See the [module documentation](self).
 pub struct EtcdStore {
     inner: Arc<Inner>,
-    runtime: Option<tokio::runtime::Runtime>,
-    timeout: Duration,
+    blocking: Blocking,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -189,12 +187,9 @@ impl EtcdStore {
             .iter()
             .map(|e| format!("{scheme}://{e}"))
             .collect();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("allot-etcd")
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::Backend(format!("cannot start the etcd client: {e}")))?;
+        let peer = format!("etcd {}", config.endpoints.join(","));
+        let blocking = Blocking::new("allot-etcd", &peer, config.timeout)?;
+        let runtime = blocking.runtime();
         let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             // One request; a call (several requests) has `config.timeout`.
@@ -218,11 +213,7 @@ impl EtcdStore {
             endpoints: config.endpoints.join(","),
         });
         runtime.spawn(feed::follow(inner.clone()));
-        Ok(EtcdStore {
-            inner,
-            runtime: Some(runtime),
-            timeout: config.timeout,
-        })
+        Ok(EtcdStore { inner, blocking })
     }
 
     /// The key layout in use.
@@ -236,36 +227,9 @@ impl EtcdStore {
         T: Send + 'static,
         F: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
-        let runtime = self.runtime.as_ref().expect("runtime lives until drop");
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let (budget, endpoints) = (self.timeout, self.inner.endpoints.clone());
-        let work = work(self.inner.clone());
-        runtime.spawn(async move {
-            let outcome = tokio::time::timeout(budget, work)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(StoreError::Unavailable(format!(
-                        "etcd {endpoints} did not answer within {budget:?}; is it running and reachable?"
-                    )))
-                });
-            let _ = tx.send(outcome);
-        });
-        // The budget above ends any call that yields; this one ends a call even if its task
-        // never yields again (a bug), so that no agent thread waits forever.
-        rx.recv_timeout(self.timeout + Duration::from_secs(1))
-            .unwrap_or_else(|e| {
-                Err(StoreError::Backend(format!(
-                    "the etcd client {}; restart the agent if this repeats",
-                    match e {
-                        std::sync::mpsc::RecvTimeoutError::Timeout => "did not finish a call",
-                        std::sync::mpsc::RecvTimeoutError::Disconnected => "stopped",
-                    }
-                )))
-            })
+        self.blocking.run(work(self.inner.clone()))
     }
 
-    /// The claims an index lists that still `belong` there (an index key and its claim are
-    /// written together, but a claim read a moment later may have moved on).
     fn index_lookup(
         &self,
         prefix: String,
@@ -285,16 +249,6 @@ impl EtcdStore {
     }
 }
 
-impl Drop for EtcdStore {
-    fn drop(&mut self) {
-        // Dropping a runtime blocks, which panics inside another runtime's async context.
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
-    }
-}
-
-/// Maps a client error: what retrying may fix is `Unavailable`.
 fn etcd_error(endpoints: &str, e: etcd_client::Error) -> StoreError {
     use etcd_client::Error as E;
     use tonic::Code;

@@ -5,15 +5,19 @@
 //!
 //! - [`sqlite`]: the embedded default, one SQLite file per node ([`SqliteStore`]).
 //! - [`etcd`]: claims in an etcd v3 cluster, for several nodes ([`EtcdStore`]).
+//! - [`kubernetes`]: claims in IPBlock objects of a cluster's API ([`KubeStore`]).
 //! - [`contract`]: the backend-independent contract suite, expanded into one test per behaviour
 //!   by [`store_contract_tests!`]. Every backend (embedded, etcd, kubernetes, test doubles) runs
 //!   it.
 
+mod blocking;
 pub mod contract;
 pub mod etcd;
+pub mod kubernetes;
 mod open;
 pub mod sqlite;
 
 pub use etcd::{EtcdConfig, EtcdStore};
+pub use kubernetes::{KubeConfig, KubeStats, KubeStore};
 pub use open::{OpenedStore, StoreArgs};
 pub use sqlite::SqliteStore;

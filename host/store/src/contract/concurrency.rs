@@ -53,10 +53,13 @@ fn one_winner_each(
         );
         winners.insert(address, attachment(&format!("racer-{}", won[0]), "eth0"));
     }
-    let held: BTreeMap<IpAddr, Attachment> = all(store)
-        .into_iter()
-        .map(|c| (c.address, c.attachment.expect("racers claim attached")))
-        .collect();
+    let held: BTreeMap<IpAddr, Attachment> = settled(|| {
+        let held: BTreeMap<IpAddr, Attachment> = all(store)
+            .into_iter()
+            .map(|c| (c.address, c.attachment.expect("racers claim attached")))
+            .collect();
+        if held == winners { Ok(held) } else { Err(held) }
+    });
     assert_eq!(held, winners, "the store holds each address for its winner");
 }
 
@@ -339,6 +342,14 @@ pub fn handles_on_one_location_race_safely<L, S: Store>(location: &L, open: impl
     one_winner_each(&handles[0], &addresses, &results);
     let seen = all(&handles[0]);
     for (h, handle) in handles.iter().enumerate().skip(1) {
-        assert_eq!(all(handle), seen, "handle {h} sees the same claims");
+        let theirs = settled(|| {
+            let theirs = all(handle);
+            if theirs == seen {
+                Ok(theirs)
+            } else {
+                Err(theirs)
+            }
+        });
+        assert_eq!(theirs, seen, "handle {h} sees the same claims");
     }
 }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use allot_core::store::{Change, ChangeKind, Changes, Claim, Reattach, Store, StoreError};
 
-use super::{T0, all, attachment, claim, ip, must, pod, sorted, stateful_pod};
+use super::{T0, all, attachment, claim, ip, must, pod, settled, sorted, stateful_pod};
 
 fn revision(store: &dyn Store) -> u64 {
     must("snapshot", store.snapshot(0)).revision
@@ -324,8 +324,9 @@ pub fn claims_of_pod_and_detached(store: &dyn Store) {
     assert!(must("detached_of", store.detached_of("other", "web-0")).is_empty());
 }
 
-/// Two handles on one location see each other's claims and releases through the feed: the
-/// mechanism that keeps two agents (or an agent and `allotctl`) on one store honest.
+/// Two handles on one location see each other's claims and releases through the feed (within
+/// [`SETTLE`](super::SETTLE)): the mechanism that keeps two agents (or an agent and `allotctl`)
+/// on one store honest.
 pub fn handles_see_each_others_changes<L, S: Store>(location: &L, open: impl Fn(&L) -> S) {
     let (one, two) = (open(location), open(location));
     let start = revision(&two);
@@ -334,10 +335,24 @@ pub fn handles_see_each_others_changes<L, S: Store>(location: &L, open: impl Fn(
         "claim",
         one.claim(&[claim("10.0.0.1", "p", Some(&a), &pod("ns", "p", "u"), T0)]),
     );
-    let (seen, rev) = changes(&two, start);
+    let (seen, rev) = settled(|| {
+        let (seen, rev) = changes(&two, start);
+        if seen.is_empty() {
+            Err((seen, rev))
+        } else {
+            Ok((seen, rev))
+        }
+    });
     assert_eq!(kinds(&seen), [(ip("10.0.0.1"), ChangeKind::Claimed)]);
     assert!(must("release", two.release(ip("10.0.0.1"), Some(&a))));
-    let (seen, _) = changes(&one, rev);
+    let (seen, _) = settled(|| {
+        let (seen, rev) = changes(&one, rev);
+        if seen.is_empty() {
+            Err((seen, rev))
+        } else {
+            Ok((seen, rev))
+        }
+    });
     assert_eq!(kinds(&seen), [(ip("10.0.0.1"), ChangeKind::Released)]);
 }
 

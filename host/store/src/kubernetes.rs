@@ -1,0 +1,307 @@
+//! The Kubernetes backend: claims in `IPBlock` objects of the cluster's API.
+//!
+//! # Layout
+//!
+//! A claim lives in the `IPBlock` of its address: the aligned /26 (IPv4) or /122 (IPv6) that
+//! holds it (`allot_core::block`), named after that run alone, so create-if-absent per address
+//! holds whatever pools say. 150,000 dense claims take about 2,350 objects, under the ~10,000
+//! objects per kind that Kubernetes' list SLOs are measured with (KEP-95); one object per
+//! address (Whereabouts) would take 150,000. No pool-wide object is written per allocation.
+//!
+//! # Atomicity
+//!
+//! Every write to a block is a compare-and-swap: a `replace` carrying the resourceVersion it
+//! was computed from, or a `create` when the block does not exist yet. A writer that lost
+//! (409 `Conflict` or `AlreadyExists`) reads the block again and recomputes, up to
+//! [`MAX_ATTEMPTS`] times; a fresh address already claimed there is a lost race
+//! ([`StoreError::Conflict`]). A release, detach or reattach recomputes from the block as it is,
+//! so it never touches a claim another attachment holds now.
+//!
+//! Kubernetes has no transaction across objects. A batch whose addresses lie in several blocks
+//! (a dual-stack pod: one IPv4 and one IPv6 block) is written block after block, in name order;
+//! when a later block refuses, the blocks already written are rolled back (each rollback again
+//! a compare-and-swap that only removes what this batch wrote). For that moment other readers
+//! may see the first address claimed; if the process dies in between, the attachment keeps it:
+//! the runtime's DEL after the failed ADD, the retried ADD (which completes the missing family)
+//! or GC releases it. Either way no address is ever held twice.
+//!
+//! # Reads and the feed
+//!
+//! Each store lists the blocks once and then follows them with a watch ([`follow`]), resuming
+//! from the last version seen and listing again when the API server answers `410 Gone`. Reads
+//! (`claims_of`, `claims_of_pod`, `detached`, `all`, `snapshot`) and the change feed answer from
+//! that mirror ([`mirror`]), never by listing per call. A store's own writes are in its mirror
+//! when they return; another node's write appears when the watch delivers it (milliseconds). A
+//! reader acting on a stale view loses a compare-and-swap and tries again: stale is slow, never
+//! wrong.
+//!
+//! # Synchronous seam
+//!
+//! As with etcd, each store owns a small tokio runtime for the client and its watch; a call
+//! runs there and the caller waits (see [`crate::blocking`]).
+
+mod follow;
+mod mirror;
+mod writes;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use allot_core::store::{
+    Attachment, Changes, Claim, Clock, Reattach, Snapshot, Store, StoreError, system_clock,
+};
+use allot_k8s::IPBlock;
+use kube::Api;
+
+use crate::blocking::Blocking;
+
+/// Compare-and-swap attempts on one block before a call gives up as unavailable.
+pub const MAX_ATTEMPTS: usize = 16;
+
+/// Budget of one API request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How to reach the API server, and who this store writes for.
+#[derive(Clone, Debug, Default)]
+pub struct KubeConfig {
+    /// A kubeconfig file; `None`: `$KUBECONFIG`, `~/.kube/config`, or the in-cluster
+    /// ServiceAccount, as kubectl and kube-rs look for them.
+    pub kubeconfig: Option<PathBuf>,
+    /// The node this store writes for (recorded on the blocks it opens).
+    pub node: Option<String>,
+    /// Budget of one store call (all its requests); past it the call fails as unavailable.
+    pub timeout: Option<Duration>,
+}
+
+struct Inner {
+    api: Api<IPBlock>,
+    mirror: mirror::Mirror,
+    node: Option<String>,
+    clock: Clock,
+    /// Compare-and-swap writes lost to another writer (each followed by a fresh read).
+    conflicts: AtomicU64,
+    /// API requests made by calls (not the watch).
+    requests: AtomicU64,
+}
+
+/// Claims in IPBlock objects, read through a watch-fed mirror.
+pub struct KubeStore {
+    inner: Arc<Inner>,
+    blocking: Blocking,
+}
+
+impl std::fmt::Debug for KubeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeStore")
+            .field("node", &self.inner.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counters of one store, for measurements and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KubeStats {
+    /// Blocks and claims in the mirror.
+    pub blocks: usize,
+    pub claims: usize,
+    /// Writes lost to another writer's compare-and-swap.
+    pub conflicts: u64,
+    /// Requests the store's calls made.
+    pub requests: u64,
+}
+
+impl KubeStore {
+    /// Connects with a kubeconfig (or in-cluster configuration), lists the blocks and starts
+    /// following them.
+    pub fn connect(config: &KubeConfig) -> Result<KubeStore, StoreError> {
+        let kubeconfig = config.kubeconfig.clone();
+        Self::open_with(config, system_clock(), move || async move {
+            let client_config = match &kubeconfig {
+                Some(path) => {
+                    let file = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                        StoreError::Backend(format!(
+                            "cannot read the kubeconfig {}: {e}",
+                            path.display()
+                        ))
+                    })?;
+                    kube::Config::from_custom_kubeconfig(file, &Default::default())
+                        .await
+                        .map_err(|e| {
+                            StoreError::Backend(format!("kubeconfig {}: {e}", path.display()))
+                        })?
+                }
+                None => kube::Config::infer().await.map_err(|e| {
+                    StoreError::Backend(format!(
+                        "no Kubernetes configuration found ({e}); run inside a pod with a \
+                         ServiceAccount, or pass --kubeconfig"
+                    ))
+                })?,
+            };
+            kube::Client::try_from(client_config).map_err(|e| {
+                StoreError::Backend(format!("cannot build the Kubernetes client: {e}"))
+            })
+        })
+    }
+
+    /// A store on the client `make` builds (called on the store's runtime: kube's client
+    /// spawns its worker where it is built). Tests pass the in-memory API server's client.
+    pub fn open_with<M, F>(
+        config: &KubeConfig,
+        clock: Clock,
+        make: M,
+    ) -> Result<KubeStore, StoreError>
+    where
+        M: FnOnce() -> F + Send + 'static,
+        F: std::future::Future<Output = Result<kube::Client, StoreError>> + Send + 'static,
+    {
+        let timeout = config.timeout.unwrap_or(Duration::from_secs(10));
+        let blocking = Blocking::new("allot-kube", "the Kubernetes API server", timeout)?;
+        let node = config.node.clone();
+        let inner = blocking.run(async move {
+            let client = make().await?;
+            let inner = Arc::new(Inner {
+                api: Api::all(client),
+                mirror: mirror::Mirror::default(),
+                node,
+                clock,
+                conflicts: AtomicU64::new(0),
+                requests: AtomicU64::new(0),
+            });
+            let rv = inner.relist().await?;
+            tokio::spawn(follow::follow(inner.clone(), rv));
+            Ok(inner)
+        })?;
+        Ok(KubeStore { inner, blocking })
+    }
+
+    pub fn stats(&self) -> KubeStats {
+        let (blocks, claims) = self.inner.mirror.counts();
+        KubeStats {
+            blocks,
+            claims,
+            conflicts: self.inner.conflicts.load(Ordering::Relaxed),
+            requests: self.inner.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    fn run<T, F>(&self, work: impl FnOnce(Arc<Inner>) -> F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        self.blocking.run(work(self.inner.clone()))
+    }
+}
+
+/// What a Kubernetes API error means for a store call, and what to do about it.
+fn api_error(what: &str, e: kube::Error) -> StoreError {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => StoreError::Backend(format!(
+            "{what}: {}. The agent's ServiceAccount needs get, list, watch, create and update \
+             on ipblocks.allot.dev (the Helm chart's ClusterRole grants them)",
+            s.message
+        )),
+        kube::Error::Api(s) if s.code == 401 => StoreError::Backend(format!(
+            "{what}: the API server does not accept this client's credentials ({}); check the \
+             kubeconfig or the ServiceAccount token",
+            s.message
+        )),
+        kube::Error::Api(s) if s.code == 404 && s.message.contains("the server could not find") => {
+            StoreError::Backend(format!(
+                "{what}: the API server does not serve ipblocks.allot.dev; install allot's \
+                 CRDs (kubectl apply -f crds/)"
+            ))
+        }
+        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => StoreError::Unavailable(format!(
+            "{what}: the API server answered {} {} ({}); retrying later may succeed",
+            s.code, s.reason, s.message
+        )),
+        kube::Error::Api(s) => {
+            StoreError::Backend(format!("{what}: {} {}: {}", s.code, s.reason, s.message))
+        }
+        other => StoreError::Unavailable(format!("{what}: {other}; is the API server reachable?")),
+    }
+}
+
+/// Runs one API request within [`REQUEST_TIMEOUT`].
+async fn request<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, StoreError> {
+    attempt(what, call).await?.map_err(|e| api_error(what, e))
+}
+
+/// Runs one API request within [`REQUEST_TIMEOUT`], leaving its refusal to the caller.
+async fn attempt<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<Result<T, kube::Error>, StoreError> {
+    tokio::time::timeout(REQUEST_TIMEOUT, call)
+        .await
+        .map_err(|_| {
+            StoreError::Unavailable(format!(
+                "{what}: the API server did not answer within {REQUEST_TIMEOUT:?}"
+            ))
+        })
+}
+
+impl Store for KubeStore {
+    fn claim_batch(
+        &self,
+        fresh: &[Claim],
+        reattach: &[Reattach],
+    ) -> Result<Vec<Claim>, StoreError> {
+        let (fresh, reattach) = (fresh.to_vec(), reattach.to_vec());
+        self.run(move |s| async move { s.claim_batch(fresh, reattach).await })
+    }
+
+    fn release_attachment(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
+        let attachment = attachment.clone();
+        self.run(move |s| async move { s.release_attachment(attachment).await })
+    }
+
+    fn release(
+        &self,
+        address: std::net::IpAddr,
+        attachment: Option<&Attachment>,
+    ) -> Result<bool, StoreError> {
+        let attachment = attachment.cloned();
+        self.run(move |s| async move { s.release(address, attachment).await })
+    }
+
+    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError> {
+        let claims = claims.to_vec();
+        self.run(move |s| async move { s.release_unchanged(claims).await })
+    }
+
+    fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
+        let attachment = attachment.clone();
+        self.run(move |s| async move { s.detach(attachment, now).await })
+    }
+
+    fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
+        Ok(self.inner.mirror.claims_of(attachment))
+    }
+
+    fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
+        Ok(self.inner.mirror.claims_of_pod(namespace, name))
+    }
+
+    fn detached(&self) -> Result<Vec<Claim>, StoreError> {
+        Ok(self.inner.mirror.all(|c| c.attachment.is_none()))
+    }
+
+    fn all(&self) -> Result<Vec<Claim>, StoreError> {
+        Ok(self.inner.mirror.all(|_| true))
+    }
+
+    fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError> {
+        Ok(self.inner.mirror.snapshot(released_since))
+    }
+
+    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
+        Ok(self.inner.mirror.changes_since(revision))
+    }
+}

@@ -1,0 +1,102 @@
+//! Following the blocks: one watch on IPBlocks from the version the mirror is at, resumed after
+//! the last version seen when the stream ends (API servers end watches every few minutes), and
+//! a fresh list when the API server has forgotten that version (`410 Gone`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{WatchEvent, WatchParams};
+
+use super::Inner;
+use super::mirror::Block;
+
+/// Backoff between failed attempts to watch: doubled from the first to the last, with jitter.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+pub(super) async fn follow(inner: Arc<Inner>, mut rv: String) {
+    let mut backoff = BACKOFF.0;
+    loop {
+        match watch_once(&inner, &mut rv).await {
+            Ended::Quietly => backoff = BACKOFF.0,
+            Ended::Gone => {
+                tracing::info!(
+                    "the API server forgot the IPBlock version watched from; listing again"
+                );
+                match inner.relist().await {
+                    Ok(listed) => {
+                        rv = listed;
+                        backoff = BACKOFF.0;
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "listing IPBlocks failed; retrying"),
+                }
+                pause(&mut backoff, &rv).await;
+            }
+            Ended::Failed(e) => {
+                tracing::warn!(error = %e, "watching IPBlocks failed; retrying");
+                pause(&mut backoff, &rv).await;
+            }
+        }
+    }
+}
+
+async fn pause(backoff: &mut Duration, rv: &str) {
+    // Jitter from the version (no random source needed): agents restarted together spread out.
+    let spread = rv
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b.into()))
+        % 100;
+    let wait = backoff.mul_f64(0.5 + spread as f64 / 200.0);
+    tokio::time::sleep(wait).await;
+    *backoff = (*backoff * 2).min(BACKOFF.1);
+}
+
+enum Ended {
+    /// The stream ended as streams do (a timeout, a closed connection): resume.
+    Quietly,
+    /// The version is too old: list again.
+    Gone,
+    Failed(String),
+}
+
+async fn watch_once(inner: &Inner, rv: &mut String) -> Ended {
+    let params = WatchParams::default().timeout(290);
+    let stream = match inner.api.watch(&params, rv).await {
+        Ok(s) => s,
+        Err(kube::Error::Api(s)) if s.code == 410 => return Ended::Gone,
+        Err(e) => return Ended::Failed(e.to_string()),
+    };
+    let mut stream = stream.boxed();
+    loop {
+        let event = match stream.try_next().await {
+            Ok(Some(e)) => e,
+            Ok(None) => return Ended::Quietly,
+            Err(e) => return Ended::Failed(e.to_string()),
+        };
+        let at = (inner.clock)();
+        match event {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                let block = Block::from_object(&o);
+                if let Some(v) = &block.version {
+                    rv.clone_from(v);
+                }
+                let name = block.name.clone();
+                inner.mirror.apply(&name, Some(block), None, at);
+            }
+            WatchEvent::Deleted(o) => {
+                let version = o.metadata.resource_version.clone();
+                if let Some(v) = &version {
+                    rv.clone_from(v);
+                }
+                let name = o.metadata.name.clone().unwrap_or_default();
+                inner.mirror.apply(&name, None, version.as_deref(), at);
+            }
+            WatchEvent::Bookmark(b) => rv.clone_from(&b.metadata.resource_version),
+            WatchEvent::Error(s) if s.code == 410 => return Ended::Gone,
+            WatchEvent::Error(s) => {
+                return Ended::Failed(format!("{} {}: {}", s.code, s.reason, s.message));
+            }
+        }
+    }
+}

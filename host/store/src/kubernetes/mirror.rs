@@ -1,0 +1,477 @@
+//! The mirror: every IPBlock as the watch last delivered it (or as this store last wrote it),
+//! the indexes reads answer from, and the change feed derived from block versions.
+//!
+//! # Positions
+//!
+//! A block version changes several claims at one resourceVersion, but the feed's contract gives
+//! each change a revision of its own. Feed revisions are therefore positions, as in the etcd
+//! store: resourceVersion × 65,536 plus the change's place, numbered so that the last change of
+//! a version ends it (`rv << 16 | 0xffff`, the position a snapshot at that version reports). A
+//! version that arrives late (the watch delivers another node's write after this store applied
+//! a newer one of its own) is placed after everything already recorded, so positions only grow
+//! and no reader skips it. Kubernetes documents resourceVersions as opaque; every API server
+//! in use writes etcd's revision there, and a version that does not parse is applied as newer.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::{Mutex, MutexGuard};
+
+use allot_core::block::block_of;
+use allot_core::store::{Attachment, Change, ChangeKind, Changes, Claim, PodRef, Snapshot};
+use allot_k8s::{BlockClaim, IPBlock, IPBlockSpec};
+use ipnet::IpNet;
+use kube::api::ObjectMeta;
+
+/// Changes kept in memory; a reader further behind resyncs from a snapshot.
+const LOG_LIMIT: usize = 100_000;
+
+/// The position that ends resourceVersion `rv`.
+pub(super) fn end_of(rv: u64) -> u64 {
+    (rv << 16) | 0xffff
+}
+
+/// A resourceVersion as a number, where it is one.
+pub(super) fn rv_number(version: &str) -> Option<u64> {
+    version.parse().ok()
+}
+
+/// One IPBlock, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Block {
+    pub name: String,
+    pub cidr: IpNet,
+    pub node: Option<String>,
+    /// The resourceVersion this copy was read at; `None` for a block not created yet.
+    pub version: Option<String>,
+    pub claims: BTreeMap<IpAddr, Claim>,
+    /// Released addresses cooling down, with when (unix seconds). At most one entry per
+    /// address of the block, so a block never grows past 64 of each.
+    pub released: BTreeMap<IpAddr, u64>,
+}
+
+impl Block {
+    pub fn empty(name: String, cidr: IpNet, node: Option<String>) -> Block {
+        Block {
+            name,
+            cidr,
+            node,
+            version: None,
+            claims: BTreeMap::new(),
+            released: BTreeMap::new(),
+        }
+    }
+
+    /// Decodes an object. Entries that are not addresses of this block (a hand edit) are
+    /// skipped with a warning: an address's claim lives only in the block named after it, so
+    /// such an entry never held anything, and skipping it frees nothing.
+    pub fn from_object(object: &IPBlock) -> Block {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let cidr = object
+            .spec
+            .cidr
+            .parse::<IpNet>()
+            .ok()
+            .filter(|c| allot_core::block::block_name(c) == name);
+        let mut block = Block::empty(
+            name.clone(),
+            cidr.unwrap_or_else(|| block_of(IpAddr::from([0, 0, 0, 0]))),
+            object.spec.node.clone(),
+        );
+        block.version = object.metadata.resource_version.clone();
+        let belongs = |text: &str| -> Option<IpAddr> {
+            let address: IpAddr = text.parse().ok()?;
+            (cidr.is_some() && block_of(address) == block.cidr).then_some(address)
+        };
+        for (text, c) in &object.spec.claims {
+            match belongs(text) {
+                Some(address) => {
+                    block.claims.insert(address, claim_of(address, c));
+                }
+                None => tracing::warn!(
+                    block = %name,
+                    entry = %text,
+                    "IPBlock holds a claim that is not one of its addresses; ignoring it"
+                ),
+            }
+        }
+        for (text, at) in &object.spec.released {
+            if let Some(address) = belongs(text) {
+                block.released.insert(address, *at);
+            }
+        }
+        block
+    }
+
+    pub fn to_object(&self) -> IPBlock {
+        IPBlock {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                resource_version: self.version.clone(),
+                labels: Some(
+                    [(
+                        "app.kubernetes.io/managed-by".to_string(),
+                        "allot".to_string(),
+                    )]
+                    .into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: IPBlockSpec {
+                cidr: self.cidr.to_string(),
+                node: self.node.clone(),
+                claims: self
+                    .claims
+                    .iter()
+                    .map(|(a, c)| (a.to_string(), block_claim_of(c)))
+                    .collect(),
+                released: self
+                    .released
+                    .iter()
+                    .map(|(a, t)| (a.to_string(), *t))
+                    .collect(),
+            },
+        }
+    }
+}
+
+fn claim_of(address: IpAddr, c: &BlockClaim) -> Claim {
+    Claim {
+        address,
+        pool: c.pool.clone(),
+        network: c.network.clone(),
+        attachment: match (&c.container_id, &c.interface) {
+            (Some(container_id), Some(interface)) => Some(Attachment {
+                container_id: container_id.clone(),
+                interface: interface.clone(),
+            }),
+            _ => None,
+        },
+        pod: PodRef {
+            namespace: c.namespace.clone(),
+            name: c.pod.clone(),
+            uid: c.uid.clone(),
+            owner_kind: c.owner_kind.clone(),
+            owner_name: c.owner_name.clone(),
+        },
+        updated_at: c.updated_at,
+    }
+}
+
+fn block_claim_of(c: &Claim) -> BlockClaim {
+    BlockClaim {
+        pool: c.pool.clone(),
+        network: c.network.clone(),
+        container_id: c.attachment.as_ref().map(|a| a.container_id.clone()),
+        interface: c.attachment.as_ref().map(|a| a.interface.clone()),
+        namespace: c.pod.namespace.clone(),
+        pod: c.pod.name.clone(),
+        uid: c.pod.uid.clone(),
+        owner_kind: c.pod.owner_kind.clone(),
+        owner_name: c.pod.owner_name.clone(),
+        updated_at: c.updated_at,
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Mirror {
+    state: Mutex<MirrorState>,
+}
+
+#[derive(Default)]
+struct MirrorState {
+    blocks: HashMap<String, Block>,
+    by_attachment: HashMap<Attachment, BTreeSet<IpAddr>>,
+    by_pod: HashMap<(String, String), BTreeSet<IpAddr>>,
+    /// Every change at a position in `(from, position]`.
+    log: VecDeque<Change>,
+    from: u64,
+    position: u64,
+    /// The last address claimed per pool (the pool's round-robin cursor).
+    cursors: HashMap<String, Cursor>,
+}
+
+/// Where a pool's cursor stands, and how sure the mirror is: a claim it saw being made beats
+/// one it found in a list (ordered by when it was made, to the second).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Cursor {
+    Listed(u64, IpAddr),
+    Seen(u64, IpAddr),
+}
+
+impl Cursor {
+    fn address(&self) -> IpAddr {
+        match self {
+            Cursor::Listed(_, a) | Cursor::Seen(_, a) => *a,
+        }
+    }
+}
+
+impl Mirror {
+    fn lock(&self) -> MutexGuard<'_, MirrorState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts over from a full list at `rv`: blocks that changed since the mirror last saw them
+    /// are reported as changes, so readers follow on without a resync.
+    pub fn reset(&self, blocks: Vec<Block>, rv: &str, at: u64) {
+        let mut st = self.lock();
+        let listed: BTreeSet<String> = blocks.iter().map(|b| b.name.clone()).collect();
+        let gone: Vec<String> = st
+            .blocks
+            .keys()
+            .filter(|n| !listed.contains(*n))
+            .cloned()
+            .collect();
+        for b in blocks {
+            st.apply(b.name.clone(), Some(b), None, at);
+        }
+        for name in gone {
+            st.apply(name, None, Some(rv), at);
+        }
+        if let Some(rv) = rv_number(rv) {
+            if st.log.is_empty() && st.position < end_of(rv) {
+                // Nothing to report: readers behind the list's version have seen everything.
+                st.position = end_of(rv);
+                st.from = st.position;
+            } else {
+                st.position = st.position.max(end_of(rv));
+            }
+        }
+    }
+
+    /// Applies a version of a block (`None`: deleted at `deleted_at`) if it is newer than the
+    /// one held.
+    pub fn apply(&self, name: &str, block: Option<Block>, deleted_at: Option<&str>, at: u64) {
+        self.lock().apply(name.to_string(), block, deleted_at, at);
+    }
+
+    pub fn block(&self, name: &str) -> Option<Block> {
+        self.lock().blocks.get(name).cloned()
+    }
+
+    pub fn addresses_of(&self, attachment: &Attachment) -> Vec<IpAddr> {
+        self.lock()
+            .by_attachment
+            .get(attachment)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// The claims at `addresses`, as held now.
+    fn claims_at<'a>(st: &MirrorState, addresses: impl Iterator<Item = &'a IpAddr>) -> Vec<Claim> {
+        addresses
+            .filter_map(|a| {
+                let block = st
+                    .blocks
+                    .get(&allot_core::block::block_name(&block_of(*a)))?;
+                block.claims.get(a).cloned()
+            })
+            .collect()
+    }
+
+    pub fn claims_of(&self, attachment: &Attachment) -> Vec<Claim> {
+        let st = self.lock();
+        let Some(addresses) = st.by_attachment.get(attachment) else {
+            return Vec::new();
+        };
+        Self::claims_at(&st, addresses.iter())
+    }
+
+    pub fn claims_of_pod(&self, namespace: &str, name: &str) -> Vec<Claim> {
+        let st = self.lock();
+        let Some(addresses) = st.by_pod.get(&(namespace.to_string(), name.to_string())) else {
+            return Vec::new();
+        };
+        Self::claims_at(&st, addresses.iter())
+    }
+
+    pub fn all(&self, keep: impl Fn(&Claim) -> bool) -> Vec<Claim> {
+        let st = self.lock();
+        let mut claims: Vec<Claim> = st
+            .blocks
+            .values()
+            .flat_map(|b| b.claims.values())
+            .filter(|c| keep(c))
+            .cloned()
+            .collect();
+        claims.sort_by_key(|c| c.address);
+        claims
+    }
+
+    pub fn snapshot(&self, released_since: u64) -> Snapshot {
+        let st = self.lock();
+        let mut released: Vec<(IpAddr, u64)> = st
+            .blocks
+            .values()
+            .flat_map(|b| {
+                b.released
+                    .iter()
+                    .filter(|(a, at)| **at >= released_since && !b.claims.contains_key(a))
+                    .map(|(a, at)| (*a, *at))
+            })
+            .collect();
+        released.sort();
+        let mut cursors: Vec<(String, IpAddr)> = st
+            .cursors
+            .iter()
+            .map(|(pool, c)| (pool.clone(), c.address()))
+            .collect();
+        cursors.sort();
+        let mut claims: Vec<Claim> = st
+            .blocks
+            .values()
+            .flat_map(|b| b.claims.values().cloned())
+            .collect();
+        claims.sort_by_key(|c| c.address);
+        Snapshot {
+            revision: st.position,
+            claims,
+            released,
+            cursors,
+        }
+    }
+
+    pub fn changes_since(&self, revision: u64) -> Changes {
+        let st = self.lock();
+        if revision > st.position || revision < st.from {
+            return Changes::Compacted;
+        }
+        Changes::Since {
+            changes: st
+                .log
+                .iter()
+                .filter(|c| c.revision > revision)
+                .cloned()
+                .collect(),
+            revision: st.position,
+        }
+    }
+
+    /// Blocks and claims held (for measurements).
+    pub fn counts(&self) -> (usize, usize) {
+        let st = self.lock();
+        (
+            st.blocks.len(),
+            st.blocks.values().map(|b| b.claims.len()).sum(),
+        )
+    }
+}
+
+impl MirrorState {
+    fn apply(&mut self, name: String, next: Option<Block>, deleted_at: Option<&str>, at: u64) {
+        let version = match &next {
+            Some(b) => b.version.clone(),
+            None => deleted_at.map(str::to_string),
+        };
+        let held = self.blocks.get(&name);
+        let newer = match (held.and_then(|b| b.version.as_deref()), version.as_deref()) {
+            (Some(h), Some(v)) => match (rv_number(h), rv_number(v)) {
+                (Some(h), Some(v)) => v > h,
+                _ => h != v,
+            },
+            (None, _) => next.is_some(),
+            (Some(_), None) => true,
+        };
+        if !newer {
+            return;
+        }
+        let first_seen = held.is_none();
+        let before = held.map(|b| b.claims.clone()).unwrap_or_default();
+        let empty = BTreeMap::new();
+        let after = next.as_ref().map(|b| &b.claims).unwrap_or(&empty);
+        let mut changes: Vec<(IpAddr, ChangeKind, u64)> = Vec::new();
+        for (a, old) in &before {
+            match after.get(a) {
+                None => {
+                    let when = next
+                        .as_ref()
+                        .and_then(|b| b.released.get(a).copied())
+                        .unwrap_or(at);
+                    changes.push((*a, ChangeKind::Released, when));
+                }
+                Some(new) if new != old => changes.push((*a, ChangeKind::Updated, at)),
+                Some(_) => {}
+            }
+        }
+        for a in after.keys().filter(|a| !before.contains_key(a)) {
+            changes.push((*a, ChangeKind::Claimed, at));
+        }
+        for c in before.values() {
+            self.unindex(c);
+        }
+        for c in after.values() {
+            self.index(c);
+        }
+        let base = version.as_deref().and_then(rv_number).map(|rv| rv << 16);
+        let count = changes.len() as u64;
+        for (i, (address, kind, when)) in changes.into_iter().enumerate() {
+            let numbered = base
+                .map(|b| b | (0xffff - (count - 1 - i as u64)))
+                .unwrap_or(0);
+            let position = numbered.max(self.position + 1);
+            self.position = position;
+            if let Some(c) = after.get(&address).filter(|_| kind == ChangeKind::Claimed) {
+                let cursor = if first_seen {
+                    // Claims of a block seen for the first time (a list): the latest stands
+                    // for its pool's cursor until this store sees a newer claim.
+                    Cursor::Listed(c.updated_at, address)
+                } else {
+                    Cursor::Seen(position, address)
+                };
+                let e = self.cursors.entry(c.pool.clone()).or_insert(cursor);
+                if cursor > *e {
+                    *e = cursor;
+                }
+            }
+            self.log.push_back(Change {
+                revision: position,
+                address,
+                kind,
+                at: when,
+            });
+        }
+        while self.log.len() > LOG_LIMIT {
+            let dropped = self.log.pop_front().expect("non-empty");
+            self.from = dropped.revision;
+        }
+        match next {
+            Some(b) => {
+                self.blocks.insert(name, b);
+            }
+            None => {
+                self.blocks.remove(&name);
+            }
+        }
+    }
+
+    fn index(&mut self, c: &Claim) {
+        if let Some(a) = &c.attachment {
+            self.by_attachment
+                .entry(a.clone())
+                .or_default()
+                .insert(c.address);
+        }
+        self.by_pod
+            .entry((c.pod.namespace.clone(), c.pod.name.clone()))
+            .or_default()
+            .insert(c.address);
+    }
+
+    fn unindex(&mut self, c: &Claim) {
+        if let Some(a) = &c.attachment
+            && let Some(set) = self.by_attachment.get_mut(a)
+        {
+            set.remove(&c.address);
+            if set.is_empty() {
+                self.by_attachment.remove(a);
+            }
+        }
+        let pod = (c.pod.namespace.clone(), c.pod.name.clone());
+        if let Some(set) = self.by_pod.get_mut(&pod) {
+            set.remove(&c.address);
+            if set.is_empty() {
+                self.by_pod.remove(&pod);
+            }
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! Writes: each a compare-and-swap on one block, recomputed from a fresh read when it loses.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+
+use allot_core::block::{block_name, block_of};
+use allot_core::store::{Attachment, Claim, Reattach, StoreError, unchanged};
+use kube::api::PostParams;
+
+use super::mirror::Block;
+use super::{Inner, MAX_ATTEMPTS, attempt, request};
+
+/// What an edit of a block decided.
+pub(super) enum Edit<T> {
+    /// Write the edited block, then return this.
+    Write(T),
+    /// Nothing to write: return this.
+    Keep(T),
+}
+
+/// The addresses of a call, by the block that holds them, in block-name order.
+fn by_block<T>(items: Vec<T>, address: impl Fn(&T) -> IpAddr) -> BTreeMap<String, Vec<T>> {
+    let mut out: BTreeMap<String, Vec<T>> = BTreeMap::new();
+    for item in items {
+        out.entry(block_name(&block_of(address(&item))))
+            .or_default()
+            .push(item);
+    }
+    out
+}
+
+fn same_pod(a: &allot_core::store::PodRef, b: &allot_core::store::PodRef) -> bool {
+    a.namespace == b.namespace && a.name == b.name
+}
+
+impl Inner {
+    fn now(&self) -> u64 {
+        (self.clock)()
+    }
+
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Lists every block into the mirror; returns the list's resourceVersion to watch from.
+    pub(super) async fn relist(&self) -> Result<String, StoreError> {
+        self.count();
+        let list = request(
+            "listing IPBlocks",
+            self.api.list(&kube::api::ListParams::default()),
+        )
+        .await?;
+        let rv = list.metadata.resource_version.clone().unwrap_or_default();
+        let blocks = list.items.iter().map(Block::from_object).collect();
+        self.mirror.reset(blocks, &rv, self.now());
+        Ok(rv)
+    }
+
+    /// Reads one block from the API into the mirror (`None`: it does not exist).
+    async fn fetch(&self, name: &str) -> Result<Option<Block>, StoreError> {
+        self.count();
+        let found = request(&format!("reading IPBlock {name}"), self.api.get_opt(name)).await?;
+        match found {
+            Some(object) => {
+                let block = Block::from_object(&object);
+                self.mirror
+                    .apply(name, Some(block.clone()), None, self.now());
+                Ok(Some(block))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Applies `edit` to the block holding `address`, by compare-and-swap: computed on the
+    /// mirror's copy first, and on a fresh read whenever the API says that copy is stale (a
+    /// lost write) or before the edit's refusal is believed.
+    pub(super) async fn change_block<T>(
+        &self,
+        address: IpAddr,
+        mut edit: impl FnMut(&mut Block) -> Result<Edit<T>, StoreError>,
+    ) -> Result<T, StoreError> {
+        let cidr = block_of(address);
+        let name = block_name(&cidr);
+        let mut fresh: Option<Option<Block>> = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let base = match &fresh {
+                Some(b) => b.clone(),
+                None => self.mirror.block(&name),
+            };
+            let mut next = base
+                .clone()
+                .unwrap_or_else(|| Block::empty(name.clone(), cidr, self.node.clone()));
+            let decided = edit(&mut next);
+            let t = match decided {
+                // A refusal or a no-op computed on the mirror's copy may be stale: check it
+                // against the API before answering with it.
+                Err(StoreError::Conflict(_) | StoreError::Stale(_)) | Ok(Edit::Keep(_))
+                    if fresh.is_none() && base.is_some() =>
+                {
+                    fresh = Some(self.fetch(&name).await?);
+                    continue;
+                }
+                Err(e) => return Err(e),
+                Ok(Edit::Keep(t)) => return Ok(t),
+                Ok(Edit::Write(t)) => t,
+            };
+            let object = next.to_object();
+            self.count();
+            let pp = PostParams::default();
+            let (what, written) = match &base {
+                Some(_) => {
+                    let what = format!("updating IPBlock {name}");
+                    let written = attempt(&what, self.api.replace(&name, &pp, &object)).await?;
+                    (what, written)
+                }
+                None => {
+                    let what = format!("creating IPBlock {name}");
+                    let written = attempt(&what, self.api.create(&pp, &object)).await?;
+                    (what, written)
+                }
+            };
+            match written {
+                Ok(stored) => {
+                    let block = Block::from_object(&stored);
+                    self.mirror.apply(&name, Some(block), None, self.now());
+                    return Ok(t);
+                }
+                // 409: another writer changed (or created) the block first; 404: it was
+                // deleted since it was read. Either way, read it again and recompute.
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                    self.conflicts.fetch_add(1, Ordering::Relaxed);
+                    fresh = Some(self.fetch(&name).await?);
+                }
+                Err(e) => return Err(super::api_error(&what, e)),
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "IPBlock {name}: {MAX_ATTEMPTS} writes in a row lost to other writers; try again"
+        )))
+    }
+
+    pub(super) async fn claim_batch(
+        &self,
+        fresh: Vec<Claim>,
+        reattach: Vec<Reattach>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        // One address twice in a batch: as every backend answers it, nothing written.
+        let mut seen = BTreeSet::new();
+        if let Some(c) = fresh.iter().find(|c| !seen.insert(c.address)) {
+            return Err(StoreError::Conflict(c.address));
+        }
+        if let Some(r) = reattach.iter().find(|r| !seen.insert(r.address)) {
+            return Err(StoreError::Stale(r.address));
+        }
+        let mut fresh = by_block(fresh, |c| c.address);
+        let mut reattach = by_block(reattach, |r| r.address);
+        let names: BTreeSet<String> = fresh.keys().chain(reattach.keys()).cloned().collect();
+        let now = self.now();
+        let mut written: Vec<(Vec<Claim>, Vec<Claim>)> = Vec::new();
+        let mut reattached = Vec::new();
+        for name in names {
+            let fresh = fresh.remove(&name).unwrap_or_default();
+            let reattach = reattach.remove(&name).unwrap_or_default();
+            let address = fresh
+                .first()
+                .map(|c| c.address)
+                .or_else(|| reattach.first().map(|r| r.address))
+                .expect("a block of the batch has an address");
+            let outcome = self
+                .change_block(address, |block| {
+                    if let Some(c) = fresh.iter().find(|c| block.claims.contains_key(&c.address)) {
+                        return Err(StoreError::Conflict(c.address));
+                    }
+                    let mut before = Vec::new();
+                    let mut after = Vec::new();
+                    for r in &reattach {
+                        let ok = block
+                            .claims
+                            .get(&r.address)
+                            .is_some_and(|c| c.attachment.is_none() && same_pod(&c.pod, &r.pod));
+                        if !ok {
+                            return Err(StoreError::Stale(r.address));
+                        }
+                        let c = block.claims.get_mut(&r.address).expect("checked above");
+                        before.push(c.clone());
+                        c.attachment = Some(r.attachment.clone());
+                        c.pod = r.pod.clone();
+                        c.updated_at = r.now;
+                        after.push(c.clone());
+                    }
+                    for c in &fresh {
+                        block.claims.insert(c.address, c.clone());
+                        block.released.remove(&c.address);
+                    }
+                    Ok(Edit::Write((before, after)))
+                })
+                .await;
+            match outcome {
+                Ok((before, after)) => {
+                    reattached.extend(after.iter().cloned());
+                    let mut undo_fresh = fresh;
+                    undo_fresh.extend(after);
+                    written.push((undo_fresh, before));
+                }
+                Err(e) => {
+                    self.roll_back(written, now).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(reattached)
+    }
+
+    /// Undoes the blocks a failed batch wrote: removes its fresh claims and detaches its
+    /// reattached ones again, each only while it is still as the batch wrote it.
+    async fn roll_back(&self, written: Vec<(Vec<Claim>, Vec<Claim>)>, _now: u64) {
+        for (ours, before) in written.into_iter().rev() {
+            let Some(address) = ours.first().map(|c| c.address) else {
+                continue;
+            };
+            let undone = self
+                .change_block(address, |block| {
+                    let mut changed = false;
+                    for c in &ours {
+                        let still = block
+                            .claims
+                            .get(&c.address)
+                            .is_some_and(|s| unchanged(s, c));
+                        if !still {
+                            continue;
+                        }
+                        match before.iter().find(|b| b.address == c.address) {
+                            Some(detached) => {
+                                block.claims.insert(c.address, detached.clone());
+                            }
+                            None => {
+                                block.claims.remove(&c.address);
+                            }
+                        }
+                        changed = true;
+                    }
+                    Ok(if changed {
+                        Edit::Write(())
+                    } else {
+                        Edit::Keep(())
+                    })
+                })
+                .await;
+            if let Err(e) = undone {
+                let addresses: Vec<String> = ours.iter().map(|c| c.address.to_string()).collect();
+                tracing::warn!(
+                    addresses = %addresses.join(","),
+                    error = %e,
+                    "could not roll back part of a failed batch; its attachment keeps these \
+                     addresses until its DEL, its retried ADD or GC"
+                );
+            }
+        }
+    }
+
+    /// Applies `edit` to every block holding one of `addresses`; collects what each returned.
+    async fn each_block<T>(
+        &self,
+        addresses: Vec<IpAddr>,
+        edit: impl Fn(&mut Block) -> Result<Edit<Vec<T>>, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut out = Vec::new();
+        for (_, addresses) in by_block(addresses, |a| *a) {
+            out.extend(self.change_block(addresses[0], &edit).await?);
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn release_attachment(
+        &self,
+        attachment: Attachment,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let now = self.now();
+        let held = self.mirror.addresses_of(&attachment);
+        self.each_block(held, |block| {
+            let mine: Vec<IpAddr> = block
+                .claims
+                .values()
+                .filter(|c| c.attachment.as_ref() == Some(&attachment))
+                .map(|c| c.address)
+                .collect();
+            Ok(release_in(block, &mine, now))
+        })
+        .await
+    }
+
+    pub(super) async fn release(
+        &self,
+        address: IpAddr,
+        attachment: Option<Attachment>,
+    ) -> Result<bool, StoreError> {
+        let now = self.now();
+        self.change_block(address, |block| {
+            let held = block
+                .claims
+                .get(&address)
+                .is_some_and(|c| c.attachment == attachment);
+            Ok(match release_in(block, &[address], now) {
+                Edit::Write(_) if held => Edit::Write(true),
+                _ => Edit::Keep(false),
+            })
+        })
+        .await
+    }
+
+    pub(super) async fn release_unchanged(
+        &self,
+        claims: Vec<Claim>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let now = self.now();
+        let addresses = claims.iter().map(|c| c.address).collect();
+        self.each_block(addresses, |block| {
+            let still: Vec<IpAddr> = claims
+                .iter()
+                .filter(|read| {
+                    block
+                        .claims
+                        .get(&read.address)
+                        .is_some_and(|stored| unchanged(stored, read))
+                })
+                .map(|c| c.address)
+                .collect();
+            Ok(release_in(block, &still, now))
+        })
+        .await
+    }
+
+    pub(super) async fn detach(
+        &self,
+        attachment: Attachment,
+        now: u64,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let held = self.mirror.addresses_of(&attachment);
+        self.each_block(held, |block| {
+            let mut out = Vec::new();
+            for c in block
+                .claims
+                .values_mut()
+                .filter(|c| c.attachment.as_ref() == Some(&attachment))
+            {
+                c.attachment = None;
+                c.updated_at = now;
+                out.push(c.clone());
+            }
+            Ok(if out.is_empty() {
+                Edit::Keep(out)
+            } else {
+                Edit::Write(out)
+            })
+        })
+        .await
+    }
+}
+
+/// Removes the claims at `addresses` from `block`, marking them released at `now`.
+fn release_in(block: &mut Block, addresses: &[IpAddr], now: u64) -> Edit<Vec<Claim>> {
+    let mut out = Vec::new();
+    for a in addresses {
+        if let Some(c) = block.claims.remove(a) {
+            block.released.insert(*a, now);
+            out.push(c);
+        }
+    }
+    if out.is_empty() {
+        Edit::Keep(out)
+    } else {
+        Edit::Write(out)
+    }
+}
