@@ -7,6 +7,7 @@ pub mod addr;
 pub mod config;
 pub mod documents;
 pub mod engine;
+pub mod fleet;
 pub mod free;
 pub mod gc;
 pub mod policy;
