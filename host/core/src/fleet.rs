@@ -25,6 +25,8 @@ use ipnet::IpNet;
 use crate::addr::{IpFamily, addr_to_u128, u128_to_addr};
 
 mod check;
+#[cfg(test)]
+mod proptests;
 mod runs;
 pub mod spec;
 #[cfg(test)]
