@@ -8,6 +8,7 @@ pub mod block;
 pub mod config;
 pub mod documents;
 pub mod engine;
+pub mod fleet;
 pub mod free;
 pub mod gc;
 pub mod policy;
