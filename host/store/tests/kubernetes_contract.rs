@@ -23,3 +23,148 @@ mod contract {
         open: super::open,
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// What only the Kubernetes store promises: batches across blocks, hand-edited blocks, watches
+// that lost their history.
+
+use std::time::{Duration, Instant};
+
+use allot_core::store::{ChangeKind, Changes, Store, StoreError};
+use allot_store::contract::{attachment, claim, ip, pod};
+use serde_json::json;
+
+const T0: u64 = 1_700_000_000;
+
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A dual-stack batch is two blocks; when the second refuses, the first is rolled back, so the
+/// batch is still all or nothing once the call returns.
+#[test]
+fn a_batch_across_blocks_is_rolled_back_when_a_later_block_refuses() {
+    let server = ApiServer::new();
+    let store = open(&server);
+    let other = attachment("other", "eth0");
+    store
+        .claim(&[claim(
+            "fd00::5",
+            "v6",
+            Some(&other),
+            &pod("ns", "o", "uo"),
+            T0,
+        )])
+        .unwrap();
+    let start = store.snapshot(0).unwrap().revision;
+    let me = attachment("me", "eth0");
+    let p = pod("ns", "me", "um");
+    assert_eq!(
+        store.claim(&[
+            claim("10.0.0.5", "v4", Some(&me), &p, T0),
+            claim("fd00::5", "v6", Some(&me), &p, T0),
+        ]),
+        Err(StoreError::Conflict(ip("fd00::5")))
+    );
+    assert!(store.claims_of(&me).unwrap().is_empty());
+    let v4 = server
+        .objects("ipblocks")
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == "v4-10-0-0-0-26")
+        .expect("the IPv4 block was written, then rolled back");
+    assert!(v4["spec"]["claims"].get("10.0.0.5").is_none(), "{v4}");
+    // Others saw the address come and go; nobody holds it.
+    let Changes::Since { changes, .. } = store.changes_since(start).unwrap() else {
+        panic!("compacted")
+    };
+    let kinds: Vec<ChangeKind> = changes.iter().map(|c| c.kind).collect();
+    assert_eq!(kinds, [ChangeKind::Claimed, ChangeKind::Released]);
+    store
+        .claim(&[claim(
+            "10.0.0.5",
+            "v4",
+            Some(&other),
+            &pod("ns", "o", "uo"),
+            T0,
+        )])
+        .expect("the rolled-back address is free");
+}
+
+/// A hand edit that writes a claim into a block it does not belong to claims nothing: the
+/// address's own block decides, and the misplaced entry is ignored (it frees nothing either).
+#[test]
+fn a_claim_written_into_the_wrong_block_by_hand_is_ignored() {
+    let server = ApiServer::new();
+    server.insert(
+        "ipblocks",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPBlock",
+               "metadata": {"name": "v4-10-0-0-0-26"},
+               "spec": {"cidr": "10.0.0.0/26", "claims": {
+                   "10.0.0.1": {"pool": "p", "network": "n", "containerId": "c1", "interface": "eth0",
+                                "namespace": "ns", "pod": "a", "uid": "u", "updatedAt": T0},
+                   "10.0.9.9": {"pool": "p", "network": "n", "containerId": "c2", "interface": "eth0",
+                                "namespace": "ns", "pod": "b", "uid": "u", "updatedAt": T0},
+                   "not-an-address": {"pool": "p", "network": "n", "namespace": "ns", "pod": "c",
+                                "uid": "u", "updatedAt": T0}}}}),
+    );
+    let store = open(&server);
+    let held: Vec<_> = store
+        .all()
+        .unwrap()
+        .into_iter()
+        .map(|c| c.address)
+        .collect();
+    assert_eq!(held, [ip("10.0.0.1")]);
+    assert_eq!(
+        store.claim(&[claim(
+            "10.0.0.1",
+            "p",
+            Some(&attachment("x", "eth0")),
+            &pod("ns", "x", "u"),
+            T0
+        )]),
+        Err(StoreError::Conflict(ip("10.0.0.1")))
+    );
+}
+
+/// A watch whose history the API server forgot (`410 Gone` after a compaction) lists again;
+/// what changed meanwhile reaches the feed, and the store keeps following.
+#[test]
+fn a_watch_that_lost_its_history_lists_again_and_keeps_following() {
+    let server = ApiServer::new();
+    let node = open(&server);
+    let other = open(&server);
+    let start = node.snapshot(0).unwrap().revision;
+    server.delay("watch", "ipblocks", Duration::from_millis(300));
+    server.close_watches();
+    let a = attachment("c1", "eth0");
+    other
+        .claim(&[claim("10.0.0.1", "p", Some(&a), &pod("ns", "p", "u"), T0)])
+        .unwrap();
+    server.compact();
+    server.clear_faults();
+    let seen = eventually("the claim made while the watch was down", || {
+        match node.changes_since(start).unwrap() {
+            Changes::Since { changes, .. } if !changes.is_empty() => Some(changes),
+            _ => None,
+        }
+    });
+    assert_eq!(seen[0].address, ip("10.0.0.1"));
+    assert!(
+        server.requests("list", "ipblocks") >= 3,
+        "listed again after 410"
+    );
+    other
+        .claim(&[claim("10.0.0.2", "p", Some(&a), &pod("ns", "p", "u"), T0)])
+        .unwrap();
+    eventually("and the next claim through the new watch", || {
+        (node.all().unwrap().len() == 2).then_some(())
+    });
+}

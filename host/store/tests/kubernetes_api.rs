@@ -1,0 +1,479 @@
+//! Every API path of the Kubernetes store against kube's own mock service (tower-test), in
+//! controller-rs's style: an `ApiServerVerifier` checks each request the store makes (method,
+//! path, body) and answers it as the API server would, including its refusals: 409 `Conflict`
+//! and `AlreadyExists`, 410 `Gone` on a watch, 403 `Forbidden`, and no answer at all.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use allot_core::store::{ChangeKind, Changes, Claim, Store, StoreError, system_clock};
+use allot_store::contract::{attachment, claim, ip, pod};
+use allot_store::{KubeConfig, KubeStore};
+use http::{Request, Response};
+use kube::client::Body;
+use serde_json::{Value, json};
+use tower_test::mock::{self, Handle, SendResponse};
+
+const T0: u64 = 1_700_000_000;
+
+type Mock = Handle<Request<Body>, Response<Body>>;
+
+/// Checks the store's requests in order, answering each; watch requests are put aside (held
+/// open, like a quiet watch) unless a test answers them.
+struct ApiServerVerifier {
+    handle: Mock,
+    watches: Vec<SendResponse<Response<Body>>>,
+}
+
+impl ApiServerVerifier {
+    /// The next request that is not a watch, checked against `method` and `path`.
+    async fn expect(&mut self, method: &str, path: &str) -> (Value, SendResponse<Response<Body>>) {
+        loop {
+            let (request, send) =
+                tokio::time::timeout(Duration::from_secs(10), self.handle.next_request())
+                    .await
+                    .unwrap_or_else(|_| panic!("no {method} {path} within 10 s"))
+                    .expect("the store hung up");
+            if request
+                .uri()
+                .query()
+                .is_some_and(|q| q.contains("watch=true"))
+            {
+                self.watches.push(send);
+                continue;
+            }
+            assert_eq!(request.method().as_str(), method, "{}", request.uri());
+            assert_eq!(request.uri().path(), path, "{method}");
+            let body = http_body_util::BodyExt::collect(request.into_body())
+                .await
+                .expect("a request body")
+                .to_bytes();
+            let body = if body.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&body).expect("a JSON body")
+            };
+            return (body, send);
+        }
+    }
+
+    /// The next watch request (one put aside earlier, or a new one).
+    async fn watch(&mut self) -> SendResponse<Response<Body>> {
+        if let Some(w) = self.watches.pop() {
+            return w;
+        }
+        let (request, send) =
+            tokio::time::timeout(Duration::from_secs(10), self.handle.next_request())
+                .await
+                .expect("a watch within 10 s")
+                .expect("the store hung up");
+        assert!(
+            request
+                .uri()
+                .query()
+                .is_some_and(|q| q.contains("watch=true")),
+            "expected a watch, got {} {}",
+            request.method(),
+            request.uri()
+        );
+        send
+    }
+}
+
+const BLOCKS: &str = "/apis/allot.dev/v1alpha1/ipblocks";
+
+fn answer(send: SendResponse<Response<Body>>, code: u16, body: Value) {
+    send.send_response(
+        Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string().into_bytes()))
+            .unwrap(),
+    );
+}
+
+fn refusal(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "reason": reason, "message": message, "code": code})
+}
+
+fn list(rv: u64, items: Vec<Value>) -> Value {
+    json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPBlockList",
+           "metadata": {"resourceVersion": rv.to_string()}, "items": items})
+}
+
+/// The block 10.0.0.0/26 at `rv` with claims `address → container id`.
+fn block(rv: u64, claims: &[(&str, &str)]) -> Value {
+    let claims: serde_json::Map<String, Value> = claims
+        .iter()
+        .map(|(a, c)| {
+            (
+                a.to_string(),
+                json!({"pool": "p", "network": "net", "containerId": c,
+                "interface": "eth0", "namespace": "ns", "pod": c, "uid": "u", "updatedAt": T0}),
+            )
+        })
+        .collect();
+    json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPBlock",
+           "metadata": {"name": "v4-10-0-0-0-26", "resourceVersion": rv.to_string()},
+           "spec": {"cidr": "10.0.0.0/26", "claims": claims}})
+}
+
+fn fresh(address: &str, container: &str) -> Claim {
+    claim(
+        address,
+        "p",
+        Some(&attachment(container, "eth0")),
+        &pod("ns", container, "u"),
+        T0,
+    )
+}
+
+/// A store on kube's mock service, opened while the verifier answers its first list with
+/// `listed`; returns the store, the verifier (on its own runtime) to script.
+fn open(
+    listed: Value,
+    timeout: Duration,
+) -> (KubeStore, ApiServerVerifier, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let mut verifier = ApiServerVerifier {
+        handle,
+        watches: Vec::new(),
+    };
+    let answered = rt.spawn(async move {
+        let (_, send) = verifier.expect("GET", BLOCKS).await;
+        answer(send, 200, listed);
+        verifier
+    });
+    let config = KubeConfig {
+        node: Some("node-a".into()),
+        timeout: Some(timeout),
+        ..KubeConfig::default()
+    };
+    let store = KubeStore::open_with(&config, system_clock(), move || async move {
+        Ok(kube::Client::new(service, "default"))
+    })
+    .expect("open");
+    let verifier = rt.block_on(answered).unwrap();
+    (store, verifier, rt)
+}
+
+/// Runs `call` on a thread while `script` answers its requests.
+fn scripted<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    verifier: ApiServerVerifier,
+    call: impl FnOnce() -> T + Send + 'static,
+    script: impl AsyncFnOnce(&mut ApiServerVerifier) + Send + 'static,
+) -> (T, ApiServerVerifier) {
+    let caller = std::thread::spawn(call);
+    let verifier = rt.block_on(async move {
+        let mut v = verifier;
+        script(&mut v).await;
+        v
+    });
+    (caller.join().expect("the call panicked"), verifier)
+}
+
+#[test]
+fn a_claim_in_a_new_block_creates_it_with_the_claim() {
+    let (store, v, rt) = open(list(10, vec![]), Duration::from_secs(5));
+    let s = std::sync::Arc::new(store);
+    let s2 = s.clone();
+    let (result, _v) = scripted(
+        &rt,
+        v,
+        move || s2.claim(&[fresh("10.0.0.7", "c1")]),
+        async |v| {
+            let (body, send) = v.expect("POST", BLOCKS).await;
+            assert_eq!(body["metadata"]["name"], "v4-10-0-0-0-26");
+            assert_eq!(body["spec"]["cidr"], "10.0.0.0/26");
+            assert_eq!(body["spec"]["node"], "node-a");
+            assert_eq!(body["spec"]["claims"]["10.0.0.7"]["containerId"], "c1");
+            let mut stored = body.clone();
+            stored["metadata"]["resourceVersion"] = json!("11");
+            answer(send, 201, stored);
+        },
+    );
+    result.expect("claimed");
+    assert_eq!(s.claims_of(&attachment("c1", "eth0")).unwrap().len(), 1);
+}
+
+#[test]
+fn a_lost_compare_and_swap_reads_the_block_again_and_keeps_the_other_writers_claim() {
+    let (store, v, rt) = open(
+        list(10, vec![block(5, &[("10.0.0.1", "c1")])]),
+        Duration::from_secs(5),
+    );
+    let s = std::sync::Arc::new(store);
+    let s2 = s.clone();
+    let (result, _v) = scripted(
+        &rt,
+        v,
+        move || s2.claim(&[fresh("10.0.0.3", "c3")]),
+        async |v| {
+            let (body, send) = v.expect("PUT", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+            assert_eq!(
+                body["metadata"]["resourceVersion"], "5",
+                "written on the version read"
+            );
+            answer(
+                send,
+                409,
+                refusal(409, "Conflict", "the object has been modified"),
+            );
+            let (_, send) = v.expect("GET", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+            answer(
+                send,
+                200,
+                block(7, &[("10.0.0.1", "c1"), ("10.0.0.2", "c2")]),
+            );
+            let (body, send) = v.expect("PUT", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+            assert_eq!(
+                body["metadata"]["resourceVersion"], "7",
+                "recomputed on the fresh version"
+            );
+            let claims = body["spec"]["claims"].as_object().unwrap();
+            let mut held: Vec<&String> = claims.keys().collect();
+            held.sort();
+            assert_eq!(
+                held,
+                ["10.0.0.1", "10.0.0.2", "10.0.0.3"],
+                "the other writer's claim kept"
+            );
+            let mut stored = body.clone();
+            stored["metadata"]["resourceVersion"] = json!("8");
+            answer(send, 200, stored);
+        },
+    );
+    result.expect("claimed after one retry");
+    assert_eq!(s.stats().conflicts, 1);
+    assert_eq!(s.all().unwrap().len(), 3);
+}
+
+#[test]
+fn an_address_taken_by_the_writer_that_won_is_a_lost_race_and_nothing_is_written() {
+    let (store, v, rt) = open(list(10, vec![block(5, &[])]), Duration::from_secs(5));
+    let (result, mut v) = scripted(
+        &rt,
+        v,
+        move || store.claim(&[fresh("10.0.0.3", "c3")]),
+        async |v| {
+            let (_, send) = v.expect("PUT", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+            answer(
+                send,
+                409,
+                refusal(409, "Conflict", "the object has been modified"),
+            );
+            let (_, send) = v.expect("GET", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+            answer(send, 200, block(6, &[("10.0.0.3", "someone")]));
+        },
+    );
+    assert_eq!(result, Err(StoreError::Conflict(ip("10.0.0.3"))));
+    rt.block_on(async {
+        // The store is gone with the call's thread: whatever it sent after the lost race is
+        // still queued. Only watches may be there.
+        while let Ok(Some((request, _))) =
+            tokio::time::timeout(Duration::from_millis(300), v.handle.next_request()).await
+        {
+            assert!(
+                request
+                    .uri()
+                    .query()
+                    .is_some_and(|q| q.contains("watch=true")),
+                "no write after the lost race, got {} {}",
+                request.method(),
+                request.uri()
+            );
+        }
+    });
+}
+
+#[test]
+fn a_block_created_by_another_node_first_is_read_and_updated() {
+    let (store, v, rt) = open(list(10, vec![]), Duration::from_secs(5));
+    let (result, _v) = scripted(
+        &rt,
+        v,
+        move || store.claim(&[fresh("10.0.0.9", "c9")]),
+        async |v| {
+            let (_, send) = v.expect("POST", BLOCKS).await;
+            answer(
+                send,
+                409,
+                refusal(
+                    409,
+                    "AlreadyExists",
+                    "ipblocks.allot.dev \"v4-10-0-0-0-26\" already exists",
+                ),
+            );
+            let (_, send) = v.expect("GET", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+            answer(send, 200, block(12, &[("10.0.0.1", "c1")]));
+            let (body, send) = v.expect("PUT", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+            assert_eq!(body["metadata"]["resourceVersion"], "12");
+            assert_eq!(body["spec"]["claims"].as_object().unwrap().len(), 2);
+            let mut stored = body.clone();
+            stored["metadata"]["resourceVersion"] = json!("13");
+            answer(send, 200, stored);
+        },
+    );
+    result.expect("claimed in the other node's block");
+}
+
+#[test]
+fn endless_conflicts_end_as_unavailable_after_bounded_attempts() {
+    let (store, v, rt) = open(list(10, vec![block(5, &[])]), Duration::from_secs(20));
+    let (result, _v) = scripted(
+        &rt,
+        v,
+        move || store.claim(&[fresh("10.0.0.3", "c3")]),
+        async |v| {
+            for i in 0..allot_store::kubernetes::MAX_ATTEMPTS as u64 {
+                let (_, send) = v.expect("PUT", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+                answer(send, 409, refusal(409, "Conflict", "modified"));
+                let (_, send) = v.expect("GET", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+                answer(send, 200, block(6 + i, &[]));
+            }
+        },
+    );
+    match result {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("writes in a row lost"), "{m}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[test]
+fn forbidden_writes_name_the_missing_rbac_verb() {
+    let (store, v, rt) = open(list(10, vec![]), Duration::from_secs(5));
+    let (result, _v) = scripted(
+        &rt,
+        v,
+        move || store.claim(&[fresh("10.0.0.7", "c1")]),
+        async |v| {
+            let (_, send) = v.expect("POST", BLOCKS).await;
+            answer(
+                send,
+                403,
+                refusal(
+                    403,
+                    "Forbidden",
+                    "ipblocks.allot.dev is forbidden: User \"system:serviceaccount:allot:allot-agent\" cannot create resource \"ipblocks\" in API group \"allot.dev\" at the cluster scope",
+                ),
+            );
+        },
+    );
+    match result {
+        Err(StoreError::Backend(m)) => {
+            assert!(m.contains("cannot create resource \"ipblocks\""), "{m}");
+            assert!(
+                m.contains("needs get, list, watch, create and update on ipblocks.allot.dev"),
+                "{m}"
+            );
+        }
+        other => panic!("expected a Backend error naming RBAC, got {other:?}"),
+    }
+}
+
+#[test]
+fn forbidden_list_at_start_fails_the_open_naming_the_verb() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let mut v = ApiServerVerifier {
+        handle,
+        watches: Vec::new(),
+    };
+    rt.spawn(async move {
+        let (_, send) = v.expect("GET", BLOCKS).await;
+        answer(send, 403, refusal(403, "Forbidden",
+            "ipblocks.allot.dev is forbidden: User \"system:serviceaccount:allot:allot-agent\" cannot list resource \"ipblocks\" in API group \"allot.dev\" at the cluster scope"));
+    });
+    let err = KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
+        Ok(kube::Client::new(service, "default"))
+    })
+    .expect_err("a store that cannot list cannot open");
+    let m = err.to_string();
+    assert!(m.contains("cannot list resource \"ipblocks\""), "{m}");
+    assert!(m.contains("ServiceAccount needs"), "{m}");
+}
+
+#[test]
+fn a_missing_crd_says_to_install_the_crds() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let mut v = ApiServerVerifier {
+        handle,
+        watches: Vec::new(),
+    };
+    rt.spawn(async move {
+        let (_, send) = v.expect("GET", BLOCKS).await;
+        answer(
+            send,
+            404,
+            refusal(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
+        );
+    });
+    let err = KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
+        Ok(kube::Client::new(service, "default"))
+    })
+    .expect_err("no CRD, no store");
+    assert!(err.to_string().contains("kubectl apply -f crds/"), "{err}");
+}
+
+#[test]
+fn an_api_server_that_does_not_answer_fails_the_call_within_its_budget() {
+    let (store, v, rt) = open(list(10, vec![]), Duration::from_secs(1));
+    let started = Instant::now();
+    let (result, _v) = scripted(
+        &rt,
+        v,
+        move || store.claim(&[fresh("10.0.0.7", "c1")]),
+        async |v| {
+            // Take the request and never answer it.
+            let (_, send) = v.expect("POST", BLOCKS).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            drop(send);
+        },
+    );
+    assert!(
+        matches!(result, Err(StoreError::Unavailable(_))),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_watch_answered_gone_lists_again_and_the_feed_reports_what_changed() {
+    let (store, mut v, rt) = open(list(10, vec![]), Duration::from_secs(5));
+    let start = store.snapshot(0).unwrap().revision;
+    rt.block_on(async {
+        let watch = v.watch().await;
+        let gone = json!({"type": "ERROR", "object": refusal(410, "Expired", "too old resource version: 10 (40)")});
+        watch.send_response(
+            Response::builder()
+                .status(200)
+                .body(Body::from(format!("{gone}\n").into_bytes()))
+                .unwrap(),
+        );
+        let (_, send) = v.expect("GET", BLOCKS).await;
+        answer(send, 200, list(42, vec![block(41, &[("10.0.0.5", "c5")])]));
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let changes = loop {
+        match store.changes_since(start).unwrap() {
+            Changes::Since { changes, .. } if !changes.is_empty() => break changes,
+            _ if Instant::now() > deadline => panic!("the relist's change never reached the feed"),
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    let seen: Vec<(IpAddr, ChangeKind)> = changes.iter().map(|c| (c.address, c.kind)).collect();
+    assert_eq!(seen, [(ip("10.0.0.5"), ChangeKind::Claimed)]);
+    assert_eq!(store.all().unwrap().len(), 1);
+}
