@@ -10,96 +10,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use allot_core::engine::{AddRequest, Engine, EngineConfig};
-use allot_core::policy::{
-    AcquisitionRule, CniDefaults, Decision, FamilyDecision, Inventory, NamespaceInfo, NicDecision,
-    NodeInfo, Owner, PodInfo, Policy, PolicyError, Request,
-};
-use allot_core::spec::{IpPoolSpec, ObjectMeta};
+use allot_core::engine::{Engine, EngineConfig};
 use allot_core::store::{Attachment, Claim, PodRef, Store, system_clock};
-use allot_core::{IpFamily, Pool};
 use allot_store::SqliteStore;
 
+mod common;
+use common::{CniDefaultsPolicy, pool, request};
+
 const CLAIMS: usize = 100_000;
-
-/// The CNI default pools, in order.
-struct CniDefaultsPolicy;
-
-impl Policy for CniDefaultsPolicy {
-    fn decide(&self, inv: &Arc<Inventory>, req: &Request) -> Result<Decision, PolicyError> {
-        let order: Vec<u32> = req
-            .cni_defaults
-            .ipv4
-            .iter()
-            .filter_map(|n| inv.pool_index(n))
-            .collect();
-        Ok(Decision {
-            nics: req
-                .nics
-                .iter()
-                .map(|n| NicDecision {
-                    interface: n.interface.clone(),
-                    error: None,
-                    clean_gateway: false,
-                    routes: vec![],
-                    families: vec![FamilyDecision {
-                        family: IpFamily::V4,
-                        rule: AcquisitionRule::CniDefault,
-                        source: "bench".into(),
-                        candidates: order.clone(),
-                        order: order.clone(),
-                        dropped: vec![],
-                    }],
-                })
-                .collect(),
-        })
-    }
-}
-
-fn pool(name: &str, subnet: &str) -> Pool {
-    let meta = ObjectMeta {
-        name: name.into(),
-        ..Default::default()
-    };
-    let spec = IpPoolSpec {
-        subnet: subnet.into(),
-        ..Default::default()
-    };
-    Pool::from_spec(meta, spec).expect("valid pool")
-}
-
-fn request(container: &str, pod: &str, stateful: bool) -> AddRequest {
-    AddRequest {
-        attachment: Attachment {
-            container_id: container.into(),
-            interface: "eth0".into(),
-        },
-        network: "bench".into(),
-        pod: PodInfo {
-            namespace: "ns".into(),
-            name: pod.into(),
-            uid: format!("uid-{container}"),
-            owner: stateful.then(|| Owner {
-                kind: "StatefulSet".into(),
-                name: "web".into(),
-            }),
-            ..Default::default()
-        },
-        namespace: NamespaceInfo {
-            name: "ns".into(),
-            ..Default::default()
-        },
-        node: NodeInfo {
-            name: "node".into(),
-            ..Default::default()
-        },
-        multus_name: String::new(),
-        cni_defaults: CniDefaults {
-            ipv4: vec!["big".into()],
-            ipv6: vec![],
-        },
-    }
-}
 
 /// 100,000 claims of other pods in pool `big` (10.0.0.0/8), written in batches.
 fn fill(store: &SqliteStore) {

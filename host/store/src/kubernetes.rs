@@ -40,6 +40,7 @@
 //! As with etcd, each store owns a small tokio runtime for the client and its watch; a call
 //! runs there and the caller waits (see [`crate::blocking`]).
 
+mod compact;
 mod follow;
 mod mirror;
 mod writes;
@@ -82,6 +83,8 @@ struct Inner {
     clock: Clock,
     /// Compare-and-swap writes lost to another writer (each followed by a fresh read).
     conflicts: AtomicU64,
+    /// Batches refused because an address was claimed by someone else (lost races).
+    lost_races: AtomicU64,
     /// API requests made by calls (not the watch).
     requests: AtomicU64,
 }
@@ -106,8 +109,10 @@ pub struct KubeStats {
     /// Blocks and claims in the mirror.
     pub blocks: usize,
     pub claims: usize,
-    /// Writes lost to another writer's compare-and-swap.
+    /// Writes lost to another writer's compare-and-swap (each followed by a read and a retry).
     pub conflicts: u64,
+    /// Batches refused because an address was already claimed (the engine tries another).
+    pub lost_races: u64,
     /// Requests the store's calls made.
     pub requests: u64,
 }
@@ -167,6 +172,7 @@ impl KubeStore {
                 node,
                 clock,
                 conflicts: AtomicU64::new(0),
+                lost_races: AtomicU64::new(0),
                 requests: AtomicU64::new(0),
             });
             let rv = inner.relist().await?;
@@ -182,6 +188,7 @@ impl KubeStore {
             blocks,
             claims,
             conflicts: self.inner.conflicts.load(Ordering::Relaxed),
+            lost_races: self.inner.lost_races.load(Ordering::Relaxed),
             requests: self.inner.requests.load(Ordering::Relaxed),
         }
     }

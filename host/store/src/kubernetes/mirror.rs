@@ -13,12 +13,14 @@
 //! in use writes etcd's revision there, and a version that does not parse is applied as newer.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Mutex, MutexGuard};
 
 use allot_core::block::block_of;
 use allot_core::store::{Attachment, Change, ChangeKind, Changes, Claim, PodRef, Snapshot};
 use allot_k8s::{BlockClaim, IPBlock, IPBlockSpec};
+
+use super::compact::{Held, Interner, attachment_key, pod_key};
 use ipnet::IpNet;
 use kube::api::ObjectMeta;
 
@@ -177,11 +179,35 @@ pub(super) struct Mirror {
     state: Mutex<MirrorState>,
 }
 
+/// A block as the mirror keeps it (see [`compact`](super::compact)).
+struct Stored {
+    cidr: IpNet,
+    node: Option<String>,
+    version: Option<String>,
+    claims: BTreeMap<IpAddr, Held>,
+    released: BTreeMap<IpAddr, u64>,
+}
+
+impl Stored {
+    fn expand(&self, name: &str) -> Block {
+        Block {
+            name: name.to_string(),
+            cidr: self.cidr,
+            node: self.node.clone(),
+            version: self.version.clone(),
+            claims: self.claims.iter().map(|(a, h)| (*a, h.claim(*a))).collect(),
+            released: self.released.clone(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct MirrorState {
-    blocks: HashMap<String, Block>,
-    by_attachment: HashMap<Attachment, BTreeSet<IpAddr>>,
-    by_pod: HashMap<(String, String), BTreeSet<IpAddr>>,
+    blocks: HashMap<String, Stored>,
+    words: Interner,
+    /// (hash of the attachment or of the pod's namespace and name, address).
+    by_attachment: BTreeSet<(u64, IpAddr)>,
+    by_pod: BTreeSet<(u64, IpAddr)>,
     /// Every change at a position in `(from, position]`.
     log: VecDeque<Change>,
     from: u64,
@@ -228,6 +254,7 @@ impl Mirror {
         for name in gone {
             st.apply(name, None, Some(rv), at);
         }
+        st.words.prune();
         if let Some(rv) = rv_number(rv) {
             if st.log.is_empty() && st.position < end_of(rv) {
                 // Nothing to report: readers behind the list's version have seen everything.
@@ -246,43 +273,49 @@ impl Mirror {
     }
 
     pub fn block(&self, name: &str) -> Option<Block> {
-        self.lock().blocks.get(name).cloned()
+        self.lock().blocks.get(name).map(|b| b.expand(name))
+    }
+
+    /// The claims whose index key is `key`, that `belongs` says are the ones asked for.
+    fn lookup(
+        st: &MirrorState,
+        index: &BTreeSet<(u64, IpAddr)>,
+        key: u64,
+        belongs: impl Fn(&Claim) -> bool,
+    ) -> Vec<Claim> {
+        let lowest = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+        let highest = IpAddr::V6(Ipv6Addr::from(u128::MAX));
+        index
+            .range((key, lowest)..=(key, highest))
+            .filter_map(|&(_, a)| {
+                let block = st
+                    .blocks
+                    .get(&allot_core::block::block_name(&block_of(a)))?;
+                Some(block.claims.get(&a)?.claim(a))
+            })
+            .filter(|c| belongs(c))
+            .collect()
     }
 
     pub fn addresses_of(&self, attachment: &Attachment) -> Vec<IpAddr> {
-        self.lock()
-            .by_attachment
-            .get(attachment)
-            .map(|s| s.iter().copied().collect())
-            .unwrap_or_default()
-    }
-
-    /// The claims at `addresses`, as held now.
-    fn claims_at<'a>(st: &MirrorState, addresses: impl Iterator<Item = &'a IpAddr>) -> Vec<Claim> {
-        addresses
-            .filter_map(|a| {
-                let block = st
-                    .blocks
-                    .get(&allot_core::block::block_name(&block_of(*a)))?;
-                block.claims.get(a).cloned()
-            })
+        self.claims_of(attachment)
+            .iter()
+            .map(|c| c.address)
             .collect()
     }
 
     pub fn claims_of(&self, attachment: &Attachment) -> Vec<Claim> {
         let st = self.lock();
-        let Some(addresses) = st.by_attachment.get(attachment) else {
-            return Vec::new();
-        };
-        Self::claims_at(&st, addresses.iter())
+        Self::lookup(&st, &st.by_attachment, attachment_key(attachment), |c| {
+            c.attachment.as_ref() == Some(attachment)
+        })
     }
 
     pub fn claims_of_pod(&self, namespace: &str, name: &str) -> Vec<Claim> {
         let st = self.lock();
-        let Some(addresses) = st.by_pod.get(&(namespace.to_string(), name.to_string())) else {
-            return Vec::new();
-        };
-        Self::claims_at(&st, addresses.iter())
+        Self::lookup(&st, &st.by_pod, pod_key(namespace, name), |c| {
+            c.pod.namespace == namespace && c.pod.name == name
+        })
     }
 
     pub fn all(&self, keep: impl Fn(&Claim) -> bool) -> Vec<Claim> {
@@ -290,9 +323,8 @@ impl Mirror {
         let mut claims: Vec<Claim> = st
             .blocks
             .values()
-            .flat_map(|b| b.claims.values())
+            .flat_map(|b| b.claims.iter().map(|(a, h)| h.claim(*a)))
             .filter(|c| keep(c))
-            .cloned()
             .collect();
         claims.sort_by_key(|c| c.address);
         claims
@@ -320,7 +352,7 @@ impl Mirror {
         let mut claims: Vec<Claim> = st
             .blocks
             .values()
-            .flat_map(|b| b.claims.values().cloned())
+            .flat_map(|b| b.claims.iter().map(|(a, h)| h.claim(*a)))
             .collect();
         claims.sort_by_key(|c| c.address);
         Snapshot {
@@ -377,6 +409,17 @@ impl MirrorState {
         }
         let first_seen = held.is_none();
         let before = held.map(|b| b.claims.clone()).unwrap_or_default();
+        let next: Option<Stored> = next.map(|b| Stored {
+            claims: b
+                .claims
+                .iter()
+                .map(|(a, c)| (*a, Held::new(c, &mut self.words)))
+                .collect(),
+            cidr: b.cidr,
+            node: b.node,
+            version: b.version,
+            released: b.released,
+        });
         let empty = BTreeMap::new();
         let after = next.as_ref().map(|b| &b.claims).unwrap_or(&empty);
         let mut changes: Vec<(IpAddr, ChangeKind, u64)> = Vec::new();
@@ -396,11 +439,11 @@ impl MirrorState {
         for a in after.keys().filter(|a| !before.contains_key(a)) {
             changes.push((*a, ChangeKind::Claimed, at));
         }
-        for c in before.values() {
-            self.unindex(c);
+        for (a, h) in &before {
+            self.unindex(*a, h);
         }
-        for c in after.values() {
-            self.index(c);
+        for (a, h) in after {
+            self.index(*a, h);
         }
         let base = version.as_deref().and_then(rv_number).map(|rv| rv << 16);
         let count = changes.len() as u64;
@@ -414,11 +457,11 @@ impl MirrorState {
                 let cursor = if first_seen {
                     // Claims of a block seen for the first time (a list): the latest stands
                     // for its pool's cursor until this store sees a newer claim.
-                    Cursor::Listed(c.updated_at, address)
+                    Cursor::Listed(c.updated_at(), address)
                 } else {
                     Cursor::Seen(position, address)
                 };
-                let e = self.cursors.entry(c.pool.clone()).or_insert(cursor);
+                let e = self.cursors.entry(c.pool().to_string()).or_insert(cursor);
                 if cursor > *e {
                     *e = cursor;
                 }
@@ -444,34 +487,17 @@ impl MirrorState {
         }
     }
 
-    fn index(&mut self, c: &Claim) {
-        if let Some(a) = &c.attachment {
-            self.by_attachment
-                .entry(a.clone())
-                .or_default()
-                .insert(c.address);
+    fn index(&mut self, address: IpAddr, h: &Held) {
+        if let Some(k) = h.attachment_key() {
+            self.by_attachment.insert((k, address));
         }
-        self.by_pod
-            .entry((c.pod.namespace.clone(), c.pod.name.clone()))
-            .or_default()
-            .insert(c.address);
+        self.by_pod.insert((h.pod_key(), address));
     }
 
-    fn unindex(&mut self, c: &Claim) {
-        if let Some(a) = &c.attachment
-            && let Some(set) = self.by_attachment.get_mut(a)
-        {
-            set.remove(&c.address);
-            if set.is_empty() {
-                self.by_attachment.remove(a);
-            }
+    fn unindex(&mut self, address: IpAddr, h: &Held) {
+        if let Some(k) = h.attachment_key() {
+            self.by_attachment.remove(&(k, address));
         }
-        let pod = (c.pod.namespace.clone(), c.pod.name.clone());
-        if let Some(set) = self.by_pod.get_mut(&pod) {
-            set.remove(&c.address);
-            if set.is_empty() {
-                self.by_pod.remove(&pod);
-            }
-        }
+        self.by_pod.remove(&(h.pod_key(), address));
     }
 }

@@ -204,6 +204,9 @@ impl Inner {
                     written.push((undo_fresh, before));
                 }
                 Err(e) => {
+                    if matches!(e, StoreError::Conflict(_)) {
+                        self.lost_races.fetch_add(1, Ordering::Relaxed);
+                    }
                     self.roll_back(written, now).await;
                     return Err(e);
                 }
