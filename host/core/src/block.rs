@@ -45,6 +45,20 @@ pub fn block_name(block: &IpNet) -> String {
     }
 }
 
+/// The block an object name stands for, if it is a block's name ([`block_name`] read back).
+pub fn block_named(name: &str) -> Option<IpNet> {
+    let (family, rest) = name.split_once('-')?;
+    let (address, len) = rest.rsplit_once('-')?;
+    let len: u8 = len.parse().ok()?;
+    let address: IpAddr = match family {
+        "v4" => address.replace('-', ".").parse().ok()?,
+        "v6" => address.replace('-', ":").parse().ok()?,
+        _ => return None,
+    };
+    let block = IpNet::new(address, len).ok()?;
+    (block_of(address) == block && block_name(&block) == name).then_some(block)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +92,18 @@ mod tests {
             block_name(&block_of(ip("fd00::1:0"))),
             block_name(&block_of(ip("fd00:0:0:1::")))
         );
+        assert_eq!(block_named(&a), Some(block_of(ip("10.0.0.64"))));
+        assert_eq!(block_named(&b), Some(block_of(ip("fd00::41"))));
+        for bad in [
+            "v4-10-0-0-65-26",
+            "v4-10-0-0-64-24",
+            "v6-fd00--40-122",
+            "v4-10-0-0-64",
+            "ipblock",
+            "v5-10-0-0-64-26",
+        ] {
+            assert_eq!(block_named(bad), None, "{bad}");
+        }
         for name in [a, b] {
             assert!(name.len() <= 253);
             assert!(

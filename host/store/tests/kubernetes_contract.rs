@@ -99,6 +99,7 @@ fn a_batch_across_blocks_is_rolled_back_when_a_later_block_refuses() {
 
 /// A hand edit that writes a claim into a block it does not belong to claims nothing: the
 /// address's own block decides, and the misplaced entry is ignored (it frees nothing either).
+/// A hand edit of `spec.cidr` frees nothing: the block's name says what it holds.
 #[test]
 fn a_claim_written_into_the_wrong_block_by_hand_is_ignored() {
     let server = ApiServer::new();
@@ -106,7 +107,8 @@ fn a_claim_written_into_the_wrong_block_by_hand_is_ignored() {
         "ipblocks",
         json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPBlock",
                "metadata": {"name": "v4-10-0-0-0-26"},
-               "spec": {"cidr": "10.0.0.0/26", "claims": {
+               // A wrong cidr does not matter: the name says which addresses the block holds.
+               "spec": {"cidr": "10.9.9.0/26", "claims": {
                    "10.0.0.1": {"pool": "p", "network": "n", "containerId": "c1", "interface": "eth0",
                                 "namespace": "ns", "pod": "a", "uid": "u", "updatedAt": T0},
                    "10.0.9.9": {"pool": "p", "network": "n", "containerId": "c2", "interface": "eth0",

@@ -63,17 +63,17 @@ impl Block {
         }
     }
 
-    /// Decodes an object. Entries that are not addresses of this block (a hand edit) are
-    /// skipped with a warning: an address's claim lives only in the block named after it, so
-    /// such an entry never held anything, and skipping it frees nothing.
+    /// Decodes an object. The name says which addresses the block holds (`spec.cidr` only
+    /// repeats it for people): an object whose name is not a block's name holds nothing, and
+    /// entries that are not addresses of the block (a hand edit) are skipped with a warning.
+    /// An address's claim lives only in the block named after it, so such an entry never held
+    /// anything, and skipping it frees nothing.
     pub fn from_object(object: &IPBlock) -> Block {
         let name = object.metadata.name.clone().unwrap_or_default();
-        let cidr = object
-            .spec
-            .cidr
-            .parse::<IpNet>()
-            .ok()
-            .filter(|c| allot_core::block::block_name(c) == name);
+        let cidr = allot_core::block::block_named(&name);
+        if cidr.is_none() {
+            tracing::warn!(block = %name, "an IPBlock whose name is not a block's name holds nothing; ignoring it");
+        }
         let mut block = Block::empty(
             name.clone(),
             cidr.unwrap_or_else(|| block_of(IpAddr::from([0, 0, 0, 0]))),
