@@ -13,8 +13,15 @@ use std::time::{Duration, Instant};
 use libc::{c_int, c_short};
 
 use crate::frame::{self, MacAddr, Neighbor};
-use crate::socket::PacketSocket;
+use crate::socket::{self, PacketSocket};
 use crate::{GatewayOutcome, ProbeConfig, ProbeError, ProbeOutcome, bpf};
+
+/// How long to let a link that was just raised settle before the first probe. Raising a veth
+/// gives both ends a carrier at once, but the far end (the node's end, on the bridge) starts
+/// to transmit only once the kernel's link watcher has run, asynchronously: without a pause,
+/// 12 to 20 raises in 100 lost the first answer here (found by the next try, 100 ms later);
+/// after 200 µs, none did.
+const RAISE_SETTLE: Duration = Duration::from_millis(2);
 
 /// One interface inside the probe thread's namespace. Obtained from [`crate::with_link`];
 /// its `&mut self` methods make the probes on it sequential.
@@ -27,6 +34,10 @@ pub struct Link {
     /// Whether this `Link` set the interface up, and so must set it down again.
     raised: bool,
     cfg: ProbeConfig,
+    /// One packet socket per family, opened on first use and kept for the `Link`'s life: each
+    /// probe only swaps its filter, since closing one waits for an RCU grace period.
+    arp: Option<PacketSocket>,
+    ndp: Option<PacketSocket>,
 }
 
 /// What answered a solicitation.
@@ -166,6 +177,8 @@ impl Link {
             ctl,
             raised: false,
             cfg,
+            arp: None,
+            ndp: None,
         };
         let flags = link.flags()?;
         if flags & libc::IFF_UP as c_short == 0 {
@@ -173,6 +186,9 @@ impl Link {
             link.raised = true;
         }
         link.await_carrier()?;
+        if link.raised {
+            thread::sleep(RAISE_SETTLE);
+        }
         Ok(link)
     }
 
@@ -215,10 +231,11 @@ impl Link {
         Ok(())
     }
 
-    /// Whether the link has a carrier now. The operational state (`IFF_RUNNING`) follows the
-    /// carrier through the kernel's link watcher, which batches most events to one a second,
-    /// so it can lag a second behind; ethtool's link state is the carrier itself, and every
-    /// virtual link a pod gets (veth, macvlan, ipvlan) and most NIC drivers report it.
+    /// Whether the link has a carrier. ethtool's link state is the carrier itself (and asking
+    /// for it makes the kernel apply this link's pending state change); every virtual link a
+    /// pod gets (veth, macvlan, ipvlan) and most NIC drivers report it. `IFF_RUNNING`, the
+    /// fallback, is the operational state, which the kernel's link watcher derives from the
+    /// carrier asynchronously, for some links a second later.
     fn has_carrier(&self) -> Result<bool, ProbeError> {
         #[repr(C)]
         struct EthtoolValue {
@@ -254,7 +271,7 @@ impl Link {
                     waited,
                 });
             }
-            thread::sleep(Duration::from_millis(2));
+            thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -283,26 +300,43 @@ impl Link {
         move |e| ProbeError::io(op, &self.name, e)
     }
 
-    /// A socket that hears what concerns `target` on this link.
-    fn listen(&self, target: IpAddr) -> Result<PacketSocket, ProbeError> {
-        let op = "opening a packet socket";
-        match target {
-            IpAddr::V4(a) => {
-                PacketSocket::open(self.index, Some((frame::ETHERTYPE_ARP, &bpf::arp(a))))
-                    .map_err(self.io(op))
+    /// Points the socket of `target`'s family at `target` (opening it on first use): it hears
+    /// only what concerns `target` from now on.
+    fn listen(&mut self, target: IpAddr) -> Result<(), ProbeError> {
+        let (slot, ethertype, filter) = match target {
+            IpAddr::V4(a) => (&mut self.arp, frame::ETHERTYPE_ARP, bpf::arp(a)),
+            IpAddr::V6(a) => (&mut self.ndp, frame::ETHERTYPE_IPV6, bpf::ndp(a)),
+        };
+        let name = &self.name;
+        let err = |op| move |e| ProbeError::io(op, name, e);
+        let sock = match slot {
+            Some(s) => {
+                s.set_filter(&filter)
+                    .map_err(err("setting the socket filter"))?;
+                s
             }
-            IpAddr::V6(a) => {
-                let s = PacketSocket::open(self.index, Some((frame::ETHERTYPE_IPV6, &bpf::ndp(a))))
-                    .map_err(self.io(op))?;
-                // Answers to a solicitation from :: go to every node; other probers' go to
-                // the address's solicited-node group.
-                for group in [frame::ALL_NODES, frame::solicited_node(a)] {
-                    s.join(MacAddr::ipv6_multicast(group))
-                        .map_err(self.io("joining a multicast group"))?;
-                }
-                Ok(s)
+            None => slot.insert(
+                PacketSocket::open(self.index, ethertype, &filter)
+                    .map_err(err("opening a packet socket"))?,
+            ),
+        };
+        if let IpAddr::V6(a) = target {
+            // Answers to a solicitation from :: go to every node; other probers' go to the
+            // address's solicited-node group. Memberships last as long as the socket.
+            for group in [frame::ALL_NODES, frame::solicited_node(a)] {
+                sock.join(MacAddr::ipv6_multicast(group))
+                    .map_err(err("joining a multicast group"))?;
             }
         }
+        Ok(())
+    }
+
+    fn socket(&self, target: IpAddr) -> &PacketSocket {
+        match target {
+            IpAddr::V4(_) => self.arp.as_ref(),
+            IpAddr::V6(_) => self.ndp.as_ref(),
+        }
+        .expect("listen() opened the family's socket")
     }
 
     /// Sends `tries` solicitations for `target` from the unspecified address, listening
@@ -314,7 +348,8 @@ impl Link {
         accept: impl Fn(Evidence) -> bool,
     ) -> Result<Option<Evidence>, ProbeError> {
         check_unicast(target)?;
-        let sock = self.listen(target)?;
+        self.listen(target)?;
+        let sock = self.socket(target);
         let request = match target {
             IpAddr::V4(a) => frame::arp_probe(self.mac, a),
             IpAddr::V6(a) => frame::neighbor_solicitation(self.mac, Ipv6Addr::UNSPECIFIED, a),
@@ -375,8 +410,9 @@ impl Link {
             IpAddr::V4(a) => frame::arp_announcement(self.mac, a),
             IpAddr::V6(a) => frame::unsolicited_advertisement(self.mac, a),
         };
-        PacketSocket::open(self.index, None)
-            .and_then(|s| s.send(&frame))
+        self.listen(addr)?;
+        self.socket(addr)
+            .send(&frame)
             .map_err(self.io("sending the announcement"))
     }
 }
@@ -386,6 +422,7 @@ impl Drop for Link {
     /// interface as it found it, as far as it can.
     fn drop(&mut self) {
         let _ = self.restore();
+        socket::close_in_background([self.arp.take(), self.ndp.take()]);
     }
 }
 

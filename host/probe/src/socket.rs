@@ -5,6 +5,7 @@
 use std::io;
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::thread;
 use std::time::Instant;
 
 use libc::{c_int, c_void, sock_filter, sockaddr_ll, socklen_t};
@@ -48,9 +49,8 @@ fn setsockopt<T>(fd: &OwnedFd, level: c_int, name: c_int, value: &T) -> io::Resu
 }
 
 impl PacketSocket {
-    /// A socket on `ifindex`. With `listen`, it receives frames of that ethertype that pass the
-    /// filter; without, it only sends.
-    pub fn open(ifindex: c_int, listen: Option<(u16, &[sock_filter])>) -> io::Result<Self> {
+    /// A socket on `ifindex` that receives frames of `ethertype` that pass `filter`.
+    pub fn open(ifindex: c_int, ethertype: u16, filter: &[sock_filter]) -> io::Result<Self> {
         // Protocol 0: the socket receives nothing until it is bound to an ethertype below,
         // after the filter is in place.
         // SAFETY: plain socket(2); the descriptor is owned right away.
@@ -58,25 +58,31 @@ impl PacketSocket {
             libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0)
         })?;
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let Some((ethertype, filter)) = listen else {
-            return Ok(PacketSocket { fd, ifindex });
+        let sock = PacketSocket {
+            fd: unsafe { OwnedFd::from_raw_fd(raw) },
+            ifindex,
         };
-        let prog = libc::sock_fprog {
-            len: filter.len() as u16,
-            filter: filter.as_ptr().cast_mut(),
-        };
-        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)?;
+        sock.set_filter(filter)?;
         let sa = link_addr(ifindex, ethertype);
         // SAFETY: `sa` is a valid sockaddr_ll of the size passed.
         check(unsafe {
             libc::bind(
-                fd.as_raw_fd(),
+                sock.fd.as_raw_fd(),
                 (&sa as *const sockaddr_ll).cast(),
                 mem::size_of::<sockaddr_ll>() as socklen_t,
             )
         })?;
-        Ok(PacketSocket { fd, ifindex })
+        Ok(sock)
+    }
+
+    /// Attaches `filter`, replacing the one before: frames that arrive from now on pass the
+    /// new one (frames already queued passed the old one).
+    pub fn set_filter(&self, filter: &[sock_filter]) -> io::Result<()> {
+        let prog = libc::sock_fprog {
+            len: filter.len() as u16,
+            filter: filter.as_ptr().cast_mut(),
+        };
+        setsockopt(&self.fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)
     }
 
     /// Receive frames sent to the multicast `group` too, for as long as the socket is open
@@ -186,4 +192,17 @@ impl PacketSocket {
             return Ok(Some(n as usize));
         }
     }
+}
+
+/// Closes sockets on a thread of their own. Closing an `AF_PACKET` socket waits for an RCU
+/// grace period (`synchronize_net`: 8 to 16 ms here) and nothing needs to wait for it; if no
+/// thread can be started, they close here.
+pub(crate) fn close_in_background(sockets: impl IntoIterator<Item = Option<PacketSocket>>) {
+    let sockets: Vec<PacketSocket> = sockets.into_iter().flatten().collect();
+    if sockets.is_empty() {
+        return;
+    }
+    let _ = thread::Builder::new()
+        .name("allot-probe-close".to_owned())
+        .spawn(move || drop(sockets));
 }
