@@ -159,7 +159,9 @@ impl Drop for Netns {
 
 /// A pod and a foreign host on one segment: `eth0` in each, a veth pair between them. The pod
 /// side is left DOWN and without addresses, as the bridge and macvlan plugins leave it when
-/// they call IPAM; the peer side is up.
+/// they call IPAM; the peer side is up. The two ends get different interface indexes, as a
+/// pod's veth and its node end have: the kernel handles the state changes of a veth whose
+/// peer has its own index at once, and batches those of one whose peer shares it.
 pub struct Lab {
     pub pod: Netns,
     pub peer: Netns,
@@ -173,6 +175,8 @@ impl Lab {
             "link",
             "add",
             IF,
+            "index",
+            "10",
             "address",
             &POD_MAC.to_string(),
             "type",
@@ -180,6 +184,8 @@ impl Lab {
             "peer",
             "name",
             IF,
+            "index",
+            "20",
             "address",
             &PEER_MAC.to_string(),
             "netns",
