@@ -16,18 +16,19 @@
 //! Solicitation to the target's solicited-node group, RFC 4862's duplicate address detection),
 //! gateway probes included. A neighbour learns nothing from such a frame, so a probe never
 //! points another host's cache at the pod before the address is known to be free: Spiderpool
-//! probed IPv4, IPv6 and the gateway in parallel, from the new address, and so poisoned caches
-//! when the address was taken (its issue 4475). Here the probes on one interface are
-//! sequential: each call runs one probe, and [`with_link`] hands out the interface as
-//! `&mut Link`. Once the caller has settled on an address, [`announce`] sends one gratuitous
-//! ARP or one unsolicited Neighbor Advertisement (with Override) from the pod's MAC, which
-//! Spiderpool never did (its issue 4650).
+//! sent its gateway probe from the new address, in parallel with the conflict probe, and so
+//! poisoned caches when the address was taken (its issue 4475). Here the probes on one
+//! interface are sequential: each call runs one probe, and [`with_link`] hands out the
+//! interface as `&mut Link`. Once the caller has settled on an address, [`announce`] sends one
+//! gratuitous ARP or one unsolicited Neighbor Advertisement (with Override) from the pod's MAC,
+//! which Spiderpool never did (its issue 4650).
 //!
 //! # What counts as an answer
 //!
-//! A socket per probe, bound to the interface and the ethertype (ARP or IPv6), with a BPF
-//! filter attached before it is bound: only frames about the probed address reach it, so a
-//! flood of other ARP/NDP traffic neither fills its buffer nor wakes it. Each frame that passes
+//! A packet socket per family, bound to the interface and the ethertype (ARP or IPv6), with a
+//! BPF filter for the probed address (attached before the socket is bound, replaced for each
+//! probe): only frames about that address reach it, so a flood of other ARP/NDP traffic
+//! neither fills its buffer nor wakes it. Each frame that passes
 //! is then parsed and checked again: for IPv4, an ARP request or reply whose sender is the
 //! address (a holder), or an ARP probe for the address from another MAC (another host probing
 //! for it now, which RFC 5227 §2.1.1 also treats as a conflict); for IPv6, a valid Neighbor
@@ -53,12 +54,12 @@
 //!
 //! The IPAM plugin runs before the main plugin has configured the interface. With Debian's
 //! containernetworking-plugins 1.1.1, both `bridge` and `macvlan` call IPAM while
-//! `CNI_IFNAME` exists in the pod namespace, with its MAC but DOWN and without any address
-//! (the main plugin sets it up once IPAM has returned); `ipvlan` could not be tried on this kernel.
-//! So when the interface is down, the probe sets it up, waits until it has a carrier (up to
+//! `CNI_IFNAME` exists in the pod namespace, with its MAC but DOWN and without any address;
+//! once IPAM has returned they add the address, set the link up and send one gratuitous ARP
+//! (IPv4 only). `ipvlan` could not be tried: this kernel has no ipvlan. So when the interface
+//! is down, the probe sets it up, waits until it has a carrier (up to
 //! [`ProbeConfig::carrier_timeout`]), probes, and sets it down again, leaving the main plugin
-//! the same interface it would have had (its own link-up is what the kernel and the plugin's
-//! gratuitous ARP follow). An interface without a carrier is an error, never "free": a probe
+//! the interface as it found it. An interface without a carrier is an error, never "free": a probe
 //! that cannot leave the host proves nothing. If the probe thread fails in between, the
 //! `Link`'s drop still sets the interface down. Right after a raise, the far end of a veth
 //! (the node's end, on the bridge) starts to transmit only once the kernel's link watcher has
