@@ -43,10 +43,6 @@ fn mac_in(out: &Output) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn mac_string(m: MacAddr) -> Option<String> {
-    Some(m.to_string())
-}
-
 /// A pod whose link is up with a usable link-local address (the tools send through the
 /// kernel, which needs one), next to a peer holding `held`.
 fn lab_with(held: &[IpAddr]) -> Lab {
@@ -74,6 +70,48 @@ fn lab_with(held: &[IpAddr]) -> Lab {
     lab
 }
 
+/// `tool`, run in the pod's namespace with `args` (`ADDR` standing for the address), and the
+/// probe agree: `held` is taken, at the MAC the tool prints, and `free` is free. `codes` are
+/// the tool's exit statuses for the two. Returns the MAC.
+fn agree(
+    lab: &Lab,
+    tool: &str,
+    args: &[&str],
+    codes: (i32, i32),
+    (held, free): (IpAddr, IpAddr),
+) -> MacAddr {
+    let cfg = ProbeConfig::default();
+    let run = |addr: IpAddr| {
+        let addr = addr.to_string();
+        let mut argv = vec![tool];
+        argv.extend(
+            args.iter()
+                .map(|&a| if a == "ADDR" { addr.as_str() } else { a }),
+        );
+        lab.pod.exec(&argv)
+    };
+    let reference = run(held);
+    assert_eq!(
+        reference.status.code(),
+        Some(codes.0),
+        "{tool}: {reference:?}"
+    );
+    let ours = probe_conflict(lab.pod.path(), IF, held, cfg).unwrap();
+    let ProbeOutcome::Conflict { mac } = ours else {
+        panic!("{tool} found {held} taken, the probe says {ours:?}");
+    };
+    assert_eq!(mac_in(&reference), Some(mac.to_string()), "{reference:?}");
+    let reference = run(free);
+    assert_eq!(
+        reference.status.code(),
+        Some(codes.1),
+        "{tool}: {reference:?}"
+    );
+    let ours = probe_conflict(lab.pod.path(), IF, free, cfg).unwrap();
+    assert_eq!(ours, ProbeOutcome::Free, "{tool} found {free} free");
+    mac
+}
+
 #[test]
 fn arping_and_the_probe_agree_on_ipv4() {
     if !have("arping", "iputils", "iputils-arping") {
@@ -81,33 +119,9 @@ fn arping_and_the_probe_agree_on_ipv4() {
     }
     let (held, free) = (v4(60), v4(61));
     let lab = lab_with(&[held]);
-    let cfg = ProbeConfig::default();
-    let arping = |addr: IpAddr| {
-        lab.pod.exec(&[
-            "arping",
-            "-D",
-            "-I",
-            IF,
-            "-c",
-            "1",
-            "-w",
-            "1",
-            &addr.to_string(),
-        ])
-    };
-
-    let reference = arping(held);
-    assert_eq!(reference.status.code(), Some(1), "arping -D: {reference:?}");
-    let ours = probe_conflict(lab.pod.path(), IF, held, cfg).unwrap();
-    let ProbeOutcome::Conflict { mac } = ours else {
-        panic!("arping -D found {held} taken, the probe says {ours:?}");
-    };
-    assert_eq!(mac_in(&reference), mac_string(mac), "{reference:?}");
-
-    let reference = arping(free);
-    assert_eq!(reference.status.code(), Some(0), "arping -D: {reference:?}");
-    let ours = probe_conflict(lab.pod.path(), IF, free, cfg).unwrap();
-    assert_eq!(ours, ProbeOutcome::Free);
+    // -D: duplicate address detection, exit status 1 when someone answered.
+    let args = ["-D", "-I", IF, "-c", "1", "-w", "1", "ADDR"];
+    agree(&lab, "arping", &args, (1, 0), (held, free));
 }
 
 #[test]
@@ -117,36 +131,14 @@ fn ndisc6_and_the_probe_agree_on_ipv6() {
     }
     let (held, free) = (v6(0x60), v6(0x61));
     let lab = lab_with(&[held]);
+    // Exit status 2 when nobody answered 3 solicitations 100 ms apart.
+    let args = ["-1", "-r", "3", "-w", "100", "ADDR", IF];
+    let mac = agree(&lab, "ndisc6", &args, (0, 2), (held, free));
+    // The same addresses as gateways.
     let cfg = ProbeConfig::default();
-    let ndisc6 = |addr: IpAddr| {
-        lab.pod.exec(&[
-            "ndisc6",
-            "-1",
-            "-r",
-            "3",
-            "-w",
-            "100",
-            &addr.to_string(),
-            IF,
-        ])
-    };
-
-    let reference = ndisc6(held);
-    assert!(reference.status.success(), "ndisc6: {reference:?}");
-    let ours = probe_conflict(lab.pod.path(), IF, held, cfg).unwrap();
-    let ProbeOutcome::Conflict { mac } = ours else {
-        panic!("ndisc6 found {held}, the probe says {ours:?}");
-    };
-    assert_eq!(mac_in(&reference), mac_string(mac), "{reference:?}");
-    // The same address as a gateway.
-    let gw = probe_gateway(lab.pod.path(), IF, held, cfg).unwrap();
-    assert_eq!(gw, GatewayOutcome::Reachable { mac });
-
-    let reference = ndisc6(free);
-    assert_eq!(reference.status.code(), Some(2), "ndisc6: {reference:?}");
     assert_eq!(
-        probe_conflict(lab.pod.path(), IF, free, cfg).unwrap(),
-        ProbeOutcome::Free
+        probe_gateway(lab.pod.path(), IF, held, cfg).unwrap(),
+        GatewayOutcome::Reachable { mac }
     );
     assert_eq!(
         probe_gateway(lab.pod.path(), IF, free, cfg).unwrap(),
