@@ -23,6 +23,8 @@ done <<'PACKAGES'
 /usr/lib/cni/bridge containernetworking-plugins
 ip iproute2
 ping iputils-ping
+arping iputils-arping
+ndisc6 ndisc6
 etcd etcd-server
 openssl openssl
 etcdctl etcd-client
