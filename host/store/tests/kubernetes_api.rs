@@ -378,8 +378,8 @@ fn forbidden_writes_name_the_missing_rbac_verb() {
     }
 }
 
-#[test]
-fn forbidden_list_at_start_fails_the_open_naming_the_verb() {
+/// Opens a store whose first list the API server refuses with `code`, `reason`, `message`.
+fn open_refused(code: u16, reason: &'static str, message: &'static str) -> StoreError {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let mut v = ApiServerVerifier {
@@ -388,42 +388,33 @@ fn forbidden_list_at_start_fails_the_open_naming_the_verb() {
     };
     rt.spawn(async move {
         let (_, send) = v.expect("GET", BLOCKS).await;
-        answer(send, 403, refusal(403, "Forbidden",
-            "ipblocks.allot.dev is forbidden: User \"system:serviceaccount:allot:allot-agent\" cannot list resource \"ipblocks\" in API group \"allot.dev\" at the cluster scope"));
+        answer(send, code, refusal(code, reason, message));
     });
-    let err = KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
+    KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
         Ok(kube::Client::new(service, "default"))
     })
-    .expect_err("a store that cannot list cannot open");
-    let m = err.to_string();
+    .expect_err("a store that cannot list cannot open")
+}
+
+#[test]
+fn forbidden_list_at_start_fails_the_open_naming_the_verb() {
+    let m = open_refused(
+        403,
+        "Forbidden",
+        "ipblocks.allot.dev is forbidden: User \"system:serviceaccount:allot:allot-agent\" cannot list resource \"ipblocks\" in API group \"allot.dev\" at the cluster scope",
+    )
+    .to_string();
     assert!(m.contains("cannot list resource \"ipblocks\""), "{m}");
     assert!(m.contains("ServiceAccount needs"), "{m}");
 }
 
 #[test]
 fn a_missing_crd_says_to_install_the_crds() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let mut v = ApiServerVerifier {
-        handle,
-        watches: Vec::new(),
-    };
-    rt.spawn(async move {
-        let (_, send) = v.expect("GET", BLOCKS).await;
-        answer(
-            send,
-            404,
-            refusal(
-                404,
-                "NotFound",
-                "the server could not find the requested resource",
-            ),
-        );
-    });
-    let err = KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
-        Ok(kube::Client::new(service, "default"))
-    })
-    .expect_err("no CRD, no store");
+    let err = open_refused(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    );
     assert!(err.to_string().contains("kubectl apply -f crds/"), "{err}");
 }
 

@@ -179,17 +179,20 @@ impl ApiServer {
         let server = self.clone();
         let service = tower::service_fn(move |req: Request<kube::client::Body>| {
             let server = server.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let body = body
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
-                Ok::<_, Infallible>(server.handle(parts, body).await)
-            }
+            async move { Ok::<_, Infallible>(server.answer(req).await) }
         });
         kube::Client::new(service, "default")
+    }
+
+    /// Reads a request's body and answers it (a body that cannot be read counts as empty).
+    async fn answer<B: hyper::body::Body>(&self, req: Request<B>) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        self.handle(parts, body).await
     }
 
     /// Serves HTTP on `addr` (a loopback port; port 0 picks one) until the runtime stops.
@@ -208,15 +211,7 @@ impl ApiServer {
                     let service =
                         hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                             let server = server.clone();
-                            async move {
-                                let (parts, body) = req.into_parts();
-                                let body = body
-                                    .collect()
-                                    .await
-                                    .map(|b| b.to_bytes())
-                                    .unwrap_or_default();
-                                Ok::<_, Infallible>(server.handle(parts, body).await)
-                            }
+                            async move { Ok::<_, Infallible>(server.answer(req).await) }
                         });
                     let io = hyper_util::rt::TokioIo::new(stream);
                     let _ = hyper::server::conn::http1::Builder::new()
