@@ -18,7 +18,10 @@ pub(super) async fn follow(inner: Arc<Inner>, mut rv: String) {
     let mut backoff = BACKOFF.0;
     loop {
         match watch_once(&inner, &mut rv).await {
-            Ended::Quietly => backoff = BACKOFF.0,
+            Ended::Quietly { progressed: true } => backoff = BACKOFF.0,
+            // A stream that ends before delivering anything (a proxy closing it at once) is
+            // not let to spin: wait as after a failure.
+            Ended::Quietly { progressed: false } => pause(&mut backoff, &rv).await,
             Ended::Gone => {
                 tracing::info!(
                     "the API server forgot the IPBlock version watched from; listing again"
@@ -53,8 +56,11 @@ async fn pause(backoff: &mut Duration, rv: &str) {
 }
 
 enum Ended {
-    /// The stream ended as streams do (a timeout, a closed connection): resume.
-    Quietly,
+    /// The stream ended as streams do (a timeout, a closed connection): resume. `progressed`:
+    /// it delivered at least one event first.
+    Quietly {
+        progressed: bool,
+    },
     /// The version is too old: list again.
     Gone,
     Failed(String),
@@ -68,12 +74,14 @@ async fn watch_once(inner: &Inner, rv: &mut String) -> Ended {
         Err(e) => return Ended::Failed(e.to_string()),
     };
     let mut stream = stream.boxed();
+    let mut progressed = false;
     loop {
         let event = match stream.try_next().await {
             Ok(Some(e)) => e,
-            Ok(None) => return Ended::Quietly,
+            Ok(None) => return Ended::Quietly { progressed },
             Err(e) => return Ended::Failed(e.to_string()),
         };
+        progressed = true;
         let at = (inner.clock)();
         match event {
             WatchEvent::Added(o) | WatchEvent::Modified(o) => {

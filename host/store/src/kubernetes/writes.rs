@@ -156,7 +156,6 @@ impl Inner {
         let mut fresh = by_block(fresh, |c| c.address);
         let mut reattach = by_block(reattach, |r| r.address);
         let names: BTreeSet<String> = fresh.keys().chain(reattach.keys()).cloned().collect();
-        let now = self.now();
         let mut written: Vec<(Vec<Claim>, Vec<Claim>)> = Vec::new();
         let mut reattached = Vec::new();
         for name in names {
@@ -207,7 +206,7 @@ impl Inner {
                     if matches!(e, StoreError::Conflict(_)) {
                         self.lost_races.fetch_add(1, Ordering::Relaxed);
                     }
-                    self.roll_back(written, now).await;
+                    self.roll_back(written).await;
                     return Err(e);
                 }
             }
@@ -217,7 +216,7 @@ impl Inner {
 
     /// Undoes the blocks a failed batch wrote: removes its fresh claims and detaches its
     /// reattached ones again, each only while it is still as the batch wrote it.
-    async fn roll_back(&self, written: Vec<(Vec<Claim>, Vec<Claim>)>, _now: u64) {
+    async fn roll_back(&self, written: Vec<(Vec<Claim>, Vec<Claim>)>) {
         for (ours, before) in written.into_iter().rev() {
             let Some(address) = ours.first().map(|c| c.address) else {
                 continue;
@@ -304,10 +303,11 @@ impl Inner {
                 .claims
                 .get(&address)
                 .is_some_and(|c| c.attachment == attachment);
-            Ok(match release_in(block, &[address], now) {
-                Edit::Write(_) if held => Edit::Write(true),
-                _ => Edit::Keep(false),
-            })
+            if !held {
+                return Ok(Edit::Keep(false));
+            }
+            release_in(block, &[address], now);
+            Ok(Edit::Write(true))
         })
         .await
     }
