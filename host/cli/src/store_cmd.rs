@@ -63,6 +63,10 @@ fn etcd(store: &StoreArgs) -> anyhow::Result<Arc<EtcdStore>> {
             "pools live in etcd only with --store etcd://HOST:PORT; an embedded store's pools are \
              the files of its agent's --standalone directory: edit those"
         ),
+        OpenedStore::Kubernetes(_) => bail!(
+            "a cluster's pools are IPPool objects: kubectl apply -f FILE.yaml (kubectl get ippools \
+             lists them)"
+        ),
     }
 }
 

@@ -117,36 +117,40 @@ pub struct KubeStats {
     pub requests: u64,
 }
 
+/// A client from a kubeconfig file, or (`None`) from `$KUBECONFIG`, `~/.kube/config` or the
+/// in-cluster ServiceAccount, as kubectl and kube-rs look for them. Call it on the runtime the
+/// client will run on (kube spawns its worker there).
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, StoreError> {
+    let client_config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                StoreError::Backend(format!(
+                    "cannot read the kubeconfig {}: {e}",
+                    path.display()
+                ))
+            })?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .map_err(|e| StoreError::Backend(format!("kubeconfig {}: {e}", path.display())))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            StoreError::Backend(format!(
+                "no Kubernetes configuration found ({e}); run inside a pod with a \
+                 ServiceAccount, or pass --kubeconfig"
+            ))
+        })?,
+    };
+    kube::Client::try_from(client_config)
+        .map_err(|e| StoreError::Backend(format!("cannot build the Kubernetes client: {e}")))
+}
+
 impl KubeStore {
     /// Connects with a kubeconfig (or in-cluster configuration), lists the blocks and starts
     /// following them.
     pub fn connect(config: &KubeConfig) -> Result<KubeStore, StoreError> {
         let kubeconfig = config.kubeconfig.clone();
         Self::open_with(config, system_clock(), move || async move {
-            let client_config = match &kubeconfig {
-                Some(path) => {
-                    let file = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                        StoreError::Backend(format!(
-                            "cannot read the kubeconfig {}: {e}",
-                            path.display()
-                        ))
-                    })?;
-                    kube::Config::from_custom_kubeconfig(file, &Default::default())
-                        .await
-                        .map_err(|e| {
-                            StoreError::Backend(format!("kubeconfig {}: {e}", path.display()))
-                        })?
-                }
-                None => kube::Config::infer().await.map_err(|e| {
-                    StoreError::Backend(format!(
-                        "no Kubernetes configuration found ({e}); run inside a pod with a \
-                         ServiceAccount, or pass --kubeconfig"
-                    ))
-                })?,
-            };
-            kube::Client::try_from(client_config).map_err(|e| {
-                StoreError::Backend(format!("cannot build the Kubernetes client: {e}"))
-            })
+            client(kubeconfig.as_deref()).await
         })
     }
 

@@ -18,6 +18,6 @@ mod open;
 pub mod sqlite;
 
 pub use etcd::{EtcdConfig, EtcdStore};
-pub use kubernetes::{KubeConfig, KubeStats, KubeStore};
+pub use kubernetes::{KubeConfig, KubeStats, KubeStore, client as kube_client};
 pub use open::{OpenedStore, StoreArgs};
 pub use sqlite::SqliteStore;

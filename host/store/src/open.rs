@@ -7,13 +7,15 @@ use std::sync::Arc;
 use allot_core::store::{Store, StoreError};
 
 use crate::etcd::{DEFAULT_PREFIX, EtcdConfig, EtcdStore};
+use crate::kubernetes::{KubeConfig, KubeStore};
 use crate::sqlite::SqliteStore;
 
 /// Where claims are kept.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct StoreArgs {
-    /// The claim store: `etcd://HOST:PORT[,HOST:PORT…]` to share claims between nodes, or the
-    /// path of the embedded SQLite file (the default; one node only).
+    /// The claim store: `etcd://HOST:PORT[,HOST:PORT…]` to share claims between nodes,
+    /// `kubernetes` for the IPBlocks of a cluster (the agent's `--kubernetes` mode), or the path
+    /// of the embedded SQLite file (the default; one node only).
     #[arg(long, value_name = "URL|FILE")]
     pub store: Option<String>,
     /// Key prefix in etcd: several installations can share one etcd.
@@ -28,13 +30,21 @@ pub struct StoreArgs {
     /// The key (PEM) of --etcd-cert.
     #[arg(long, value_name = "FILE", requires = "etcd_cert")]
     pub etcd_key: Option<PathBuf>,
+    /// The kubeconfig of `--store kubernetes` (and of the agent's `--kubernetes`); default:
+    /// $KUBECONFIG, ~/.kube/config, or the in-cluster ServiceAccount.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
 }
+
+/// `--store kubernetes`.
+pub const KUBERNETES: &str = "kubernetes";
 
 /// A store opened from [`StoreArgs`], keeping its concrete kind for what only one kind does.
 #[derive(Clone)]
 pub enum OpenedStore {
     Sqlite(Arc<SqliteStore>),
     Etcd(Arc<EtcdStore>),
+    Kubernetes(Arc<KubeStore>),
 }
 
 impl OpenedStore {
@@ -42,6 +52,7 @@ impl OpenedStore {
         match self {
             OpenedStore::Sqlite(s) => s.clone(),
             OpenedStore::Etcd(s) => s.clone(),
+            OpenedStore::Kubernetes(s) => s.clone(),
         }
     }
 
@@ -50,6 +61,7 @@ impl OpenedStore {
         match self {
             OpenedStore::Sqlite(s) => format!("sqlite {}", s.path().display()),
             OpenedStore::Etcd(s) => format!("etcd {s:?}"),
+            OpenedStore::Kubernetes(_) => "the cluster's IPBlocks".into(),
         }
     }
 }
@@ -84,11 +96,25 @@ impl StoreArgs {
         if let Some(config) = self.etcd().map_err(StoreError::Backend)? {
             return Ok(OpenedStore::Etcd(Arc::new(EtcdStore::connect(&config)?)));
         }
+        if self.store.as_deref() == Some(KUBERNETES) {
+            return Ok(OpenedStore::Kubernetes(Arc::new(KubeStore::connect(
+                &KubeConfig {
+                    kubeconfig: self.kubeconfig.clone(),
+                    ..KubeConfig::default()
+                },
+            )?)));
+        }
+        if self.kubeconfig.is_some() {
+            return Err(StoreError::Backend(
+                "--kubeconfig needs --store kubernetes (allotctl) or --kubernetes (allot-agent)"
+                    .into(),
+            ));
+        }
         let file = match self.store.as_deref() {
             Some(s) if s.contains("://") => {
                 return Err(StoreError::Backend(format!(
-                    "--store {s:?}: allot stores claims in etcd (etcd://HOST:PORT) or in a SQLite \
-                     file (a path)"
+                    "--store {s:?}: allot stores claims in etcd (etcd://HOST:PORT), in a \
+                     cluster's IPBlocks (kubernetes) or in a SQLite file (a path)"
                 )));
             }
             Some(path) => PathBuf::from(path),
