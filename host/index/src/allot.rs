@@ -1,0 +1,90 @@
+//! IPPools, Subnets and ReservedIPs enter the index untyped and are checked one by one by
+//! core's loader (`documents::observe`), as a file's documents are: an object that does not
+//! deserialize (a field an older agent does not know, a hand edit the schema let through) is
+//! one invalid object, never a watch that fails for every pool.
+
+use allot_core::config::{Invalid, ObjectKind, Observed};
+use allot_core::documents;
+use kube::api::DynamicObject;
+use serde_json::{Value, json};
+
+use crate::feed::IndexResource;
+use crate::index::{Index, Kind};
+
+/// An IPPool as the watch delivered it.
+#[derive(Clone, Debug)]
+pub struct PoolObject(pub DynamicObject);
+/// A Subnet as the watch delivered it.
+#[derive(Clone, Debug)]
+pub struct SubnetObject(pub DynamicObject);
+/// A ReservedIP as the watch delivered it.
+#[derive(Clone, Debug)]
+pub struct ReservedObject(pub DynamicObject);
+
+/// Core's observation of one object: its spec with the metadata core reads, under the
+/// object's own kind.
+pub(crate) fn observe(kind: ObjectKind, object: &DynamicObject) -> Observed {
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let source = format!("{kind}/{name}");
+    let m = &object.metadata;
+    let document = json!({
+        "apiVersion": documents::API_VERSION,
+        "kind": kind.as_str(),
+        "metadata": {
+            "name": name,
+            "labels": m.labels.clone().unwrap_or_default(),
+            "annotations": m.annotations.clone().unwrap_or_default(),
+            "deletionTimestamp": m.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
+        },
+        "spec": object.data.get("spec").cloned().unwrap_or(Value::Null),
+    });
+    let observed = serde_yaml::to_value(&document)
+        .map_err(|e| format!("{source}: {e}"))
+        .and_then(|value| documents::observe(value, &source, &source));
+    observed.unwrap_or_else(|error| Observed {
+        kind,
+        name,
+        source: source.clone(),
+        at: source,
+        object: Err(Invalid {
+            error,
+            salvaged: None,
+        }),
+    })
+}
+
+macro_rules! allot_kind {
+    ($wrapper:ident, $object_kind:expr, $tag:expr) => {
+        impl IndexResource<$wrapper> for Index {
+            const KIND: Kind = $tag;
+
+            fn apply(&mut self, o: $wrapper) {
+                let observed = observe($object_kind, &o.0);
+                self.allot
+                    .insert(($object_kind, observed.name.clone()), observed);
+                self.allot_changed();
+            }
+
+            fn delete(&mut self, o: $wrapper) {
+                let name = o.0.metadata.name.clone().unwrap_or_default();
+                self.allot.remove(&($object_kind, name));
+                self.allot_changed();
+            }
+
+            fn reset(&mut self, all: Vec<$wrapper>) {
+                self.allot.retain(|(kind, _), _| *kind != $object_kind);
+                for o in all {
+                    let observed = observe($object_kind, &o.0);
+                    self.allot
+                        .insert(($object_kind, observed.name.clone()), observed);
+                }
+                self.allot_changed();
+                self.mark_synced($tag);
+            }
+        }
+    };
+}
+
+allot_kind!(PoolObject, ObjectKind::IpPool, Kind::IpPool);
+allot_kind!(SubnetObject, ObjectKind::Subnet, Kind::Subnet);
+allot_kind!(ReservedObject, ObjectKind::ReservedIp, Kind::ReservedIp);

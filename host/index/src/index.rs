@@ -1,0 +1,336 @@
+//! The index itself and the lookups an ADD makes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use allot_core::config::{Object, ObjectKind, Observation, Observed};
+use allot_core::policy::{Labels, NamespaceInfo, NodeInfo, Owner, PodInfo};
+
+use crate::multus;
+
+/// The kinds of objects the index follows; each is "synced" once its first list is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Pod,
+    Namespace,
+    Node,
+    ReplicaSet,
+    Job,
+    StatefulSet,
+    IpPool,
+    Subnet,
+    ReservedIp,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 9] = [
+        Kind::Pod,
+        Kind::Namespace,
+        Kind::Node,
+        Kind::ReplicaSet,
+        Kind::Job,
+        Kind::StatefulSet,
+        Kind::IpPool,
+        Kind::Subnet,
+        Kind::ReservedIp,
+    ];
+
+    /// IPPools, Subnets and ReservedIPs: what the pools in force are made of.
+    pub fn holds_pools(self) -> bool {
+        matches!(self, Kind::IpPool | Kind::Subnet | Kind::ReservedIp)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Pod => "Pod",
+            Kind::Namespace => "Namespace",
+            Kind::Node => "Node",
+            Kind::ReplicaSet => "ReplicaSet",
+            Kind::Job => "Job",
+            Kind::StatefulSet => "StatefulSet",
+            Kind::IpPool => "IPPool",
+            Kind::Subnet => "Subnet",
+            Kind::ReservedIp => "ReservedIP",
+        }
+    }
+}
+
+/// What the index keeps of one of this node's pods.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub uid: String,
+    pub labels: Labels,
+    pub annotations: Labels,
+    /// The owner reference marked `controller: true` (kind, name), if any.
+    pub controller: Option<Owner>,
+    pub host_network: bool,
+}
+
+/// Everything the policy request needs about one interface of one pod.
+#[derive(Clone, Debug, Default)]
+pub struct PodRequest {
+    pub pod: PodInfo,
+    pub namespace: NamespaceInfo,
+    pub node: NodeInfo,
+    /// The interface's Multus network (`namespace/name`), "" when none is named.
+    pub multus_name: String,
+}
+
+/// An object the index lacks to answer a lookup: the caller may wait for the watch to bring it,
+/// then fetch it once.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Need {
+    Pod { namespace: String, name: String },
+    Namespace(String),
+    Node(String),
+    ReplicaSet { namespace: String, name: String },
+    Job { namespace: String, name: String },
+}
+
+/// The answer to "what is this pod?".
+#[derive(Clone, Debug)]
+pub enum Lookup {
+    Ready(Box<PodRequest>),
+    /// Objects not (yet) in the index.
+    Missing(Vec<Need>),
+    /// The pod's annotations cannot be read (a malformed Multus annotation); the pod, not the
+    /// agent, has to change.
+    Invalid(String),
+}
+
+type Key = (String, String);
+
+fn key(namespace: &str, name: &str) -> Key {
+    (namespace.to_string(), name.to_string())
+}
+
+/// What one node agent knows. Fed by [`crate::feed`] (or by tests, object by object).
+#[derive(Debug, Default)]
+pub struct Index {
+    node_name: String,
+    pub(crate) pods: HashMap<Key, PodFacts>,
+    pub(crate) namespaces: HashMap<String, (Labels, Labels)>,
+    pub(crate) node: Option<Labels>,
+    /// ReplicaSet or Job → its controller (Deployment, CronJob), `None` when it has none.
+    pub(crate) replicasets: HashMap<Key, Option<Owner>>,
+    pub(crate) jobs: HashMap<Key, Option<Owner>>,
+    pub(crate) statefulsets: HashMap<Key, u32>,
+    pub(crate) allot: BTreeMap<(ObjectKind, String), Observed>,
+    pub(crate) synced: BTreeSet<Kind>,
+    /// Bumped by every change of an IPPool, Subnet or ReservedIP.
+    allot_generation: u64,
+}
+
+impl Index {
+    pub fn new(node_name: &str) -> Index {
+        Index {
+            node_name: node_name.to_string(),
+            ..Index::default()
+        }
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    pub fn is_synced(&self, kind: Kind) -> bool {
+        self.synced.contains(&kind)
+    }
+
+    /// Kinds whose first list has not arrived yet.
+    pub fn unsynced(&self) -> Vec<Kind> {
+        Kind::ALL
+            .into_iter()
+            .filter(|k| !self.synced.contains(k))
+            .collect()
+    }
+
+    pub(crate) fn mark_synced(&mut self, kind: Kind) {
+        self.synced.insert(kind);
+    }
+
+    pub(crate) fn allot_changed(&mut self) {
+        self.allot_generation += 1;
+    }
+
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodFacts> {
+        self.pods.get(&key(namespace, name))
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// The replica count of a StatefulSet: `Some(0)` when the index has the full list and the
+    /// StatefulSet is not in it (deleted), `None` when it cannot tell yet.
+    pub fn statefulset_replicas(&self, namespace: &str, name: &str) -> Option<u32> {
+        match self.statefulsets.get(&key(namespace, name)) {
+            Some(n) => Some(*n),
+            None if self.is_synced(Kind::StatefulSet) => Some(0),
+            None => None,
+        }
+    }
+
+    /// The IPPools, Subnets and ReservedIPs as core's loader observed them, and a generation
+    /// that changes with them; `None` until all three kinds are listed (an empty cache must not
+    /// read as "every pool deleted").
+    pub fn observation(&self) -> Option<(u64, Observation)> {
+        if !Kind::ALL
+            .iter()
+            .filter(|k| k.holds_pools())
+            .all(|k| self.is_synced(*k))
+        {
+            return None;
+        }
+        Some((
+            self.allot_generation,
+            Observation {
+                objects: self.allot.values().cloned().collect(),
+                incomplete: Default::default(),
+            },
+        ))
+    }
+
+    /// Checked pools, for tests and status (the agent reconciles [`Index::observation`]).
+    pub fn valid_pools(&self) -> Vec<String> {
+        self.allot
+            .iter()
+            .filter(|(_, o)| matches!(o.object, Ok(Object::Pool(_))))
+            .map(|((_, name), _)| name.clone())
+            .collect()
+    }
+
+    /// The pod's top-level owner: a ReplicaSet's Deployment, a Job's CronJob, else the
+    /// controller itself. With `strict`, an intermediate owner missing from the index is a
+    /// [`Need`]; without, the intermediate is taken as the owner.
+    fn owner(&self, namespace: &str, controller: &Owner, strict: bool) -> Result<Owner, Need> {
+        let (cache, need): (_, fn(String, String) -> Need) = match controller.kind.as_str() {
+            "ReplicaSet" => (&self.replicasets, |namespace, name| Need::ReplicaSet {
+                namespace,
+                name,
+            }),
+            "Job" => (&self.jobs, |namespace, name| Need::Job { namespace, name }),
+            _ => return Ok(controller.clone()),
+        };
+        match cache.get(&key(namespace, &controller.name)) {
+            Some(Some(top)) => Ok(top.clone()),
+            Some(None) => Ok(controller.clone()),
+            None if strict => Err(need(namespace.to_string(), controller.name.clone())),
+            None => Ok(controller.clone()),
+        }
+    }
+
+    /// Builds the policy request for `interface` of pod `namespace/name` from the index alone.
+    /// With `strict` off, a missing ReplicaSet or Job counts as the owner itself (after the
+    /// caller fetched it once and it was gone).
+    pub fn lookup(&self, namespace: &str, name: &str, interface: &str, strict: bool) -> Lookup {
+        let mut missing = Vec::new();
+        let pod = self.pod(namespace, name);
+        if pod.is_none() {
+            missing.push(Need::Pod {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            });
+        }
+        let ns = self.namespaces.get(namespace);
+        if ns.is_none() {
+            missing.push(Need::Namespace(namespace.to_string()));
+        }
+        if self.node.is_none() {
+            missing.push(Need::Node(self.node_name.clone()));
+        }
+        let owner = match pod.and_then(|p| p.controller.as_ref()) {
+            Some(c) => match self.owner(namespace, c, strict) {
+                Ok(o) => Some(o),
+                Err(need) => {
+                    missing.push(need);
+                    None
+                }
+            },
+            None => None,
+        };
+        let (Some(pod), Some((ns_labels, ns_annotations)), Some(node_labels), true) =
+            (pod, ns, &self.node, missing.is_empty())
+        else {
+            return Lookup::Missing(missing);
+        };
+        let multus_name = match multus::network_of(&pod.annotations, namespace, interface) {
+            Ok(n) => n,
+            Err(why) => return Lookup::Invalid(format!("pod {namespace}/{name}: {why}")),
+        };
+        Lookup::Ready(Box::new(PodRequest {
+            pod: PodInfo {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                uid: pod.uid.clone(),
+                labels: pod.labels.clone(),
+                annotations: pod.annotations.clone(),
+                owner,
+            },
+            namespace: NamespaceInfo {
+                name: namespace.to_string(),
+                labels: ns_labels.clone(),
+                annotations: ns_annotations.clone(),
+            },
+            node: NodeInfo {
+                name: self.node_name.clone(),
+                labels: node_labels.clone(),
+            },
+            multus_name,
+        }))
+    }
+}
+
+/// An [`Index`] shared between the watches that feed it and the requests that read it.
+#[derive(Debug)]
+pub struct SharedIndex {
+    index: RwLock<Index>,
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+impl SharedIndex {
+    pub fn new(node_name: &str) -> Arc<SharedIndex> {
+        Arc::new(SharedIndex {
+            index: RwLock::new(Index::new(node_name)),
+            changes: tokio::sync::watch::Sender::new(0),
+        })
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the index and wakes those waiting for a change.
+    pub fn update<R>(&self, f: impl FnOnce(&mut Index) -> R) -> R {
+        let out = {
+            let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+            f(&mut index)
+        };
+        self.changes.send_modify(|n| *n += 1);
+        out
+    }
+
+    /// Waits until `ready` holds of the index, or `timeout` passes; returns what `ready` last
+    /// returned. Wakes on every change rather than polling.
+    pub async fn wait_for<R>(
+        &self,
+        timeout: Duration,
+        mut ready: impl FnMut(&Index) -> Option<R>,
+    ) -> Result<R, tokio::time::error::Elapsed> {
+        let mut changes = self.changes.subscribe();
+        tokio::time::timeout(timeout, async {
+            loop {
+                changes.mark_unchanged();
+                if let Some(r) = ready(&self.read()) {
+                    return r;
+                }
+                if changes.changed().await.is_err() {
+                    // The sender lives as long as self: cannot happen; wait for the timeout.
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,29 @@
+//! What a node agent knows of its cluster, kept current by watches (linkerd's shape: indexes
+//! fed by watch events, tested by feeding them objects, read by a thin layer that serves
+//! requests).
+//!
+//! One [`Index`] holds, for one node:
+//! - this node's pods (watched with a field selector on `spec.nodeName`): labels, annotations,
+//!   UID, the controller owner reference;
+//! - namespaces (labels, annotations: namespace default pools), this node's labels;
+//! - ReplicaSets and Jobs as metadata only, to resolve a pod's top-level owner
+//!   (ReplicaSet → Deployment, Job → CronJob) without an API call per ADD; StatefulSets'
+//!   replica counts, for the fixed-address rule;
+//! - allot's IPPools, Subnets and ReservedIPs, read as untyped objects and checked by core's
+//!   loader one by one (so one malformed object can neither break the watch nor make more
+//!   addresses allocatable: core's `reconcile` keeps its last good version in force).
+//!
+//! Every change goes through [`SharedIndex::update`], which counts it and wakes whoever waits
+//! for one (an ADD waiting for its pod to reach the cache). [`feed`] turns a watch stream into
+//! those updates: objects listed after a (re)start replace the kind's contents at once, when
+//! the list is complete, so a relist never shows a half-empty cache.
+
+mod allot;
+mod feed;
+mod index;
+pub mod multus;
+mod resources;
+
+pub use allot::{PoolObject, ReservedObject, SubnetObject};
+pub use feed::{IndexResource, feed};
+pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, SharedIndex};

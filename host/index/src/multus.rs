@@ -1,0 +1,178 @@
+//! Which Multus network an interface of a pod belongs to, read from the pod's annotations the
+//! way Multus reads them: `k8s.v1.cni.cncf.io/networks` (a comma-separated list of
+//! `[namespace/]name[@interface]`, or a JSON list of `{name, namespace, interface}`) names the
+//! additional networks, which get `net1`, `net2`, … in list order unless they name their
+//! interface; `v1.multus-cni.io/default-network` overrides the cluster network of `eth0`.
+//! A network without a namespace is in the pod's.
+
+use serde_json::Value;
+
+pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+pub const DEFAULT_NETWORK_ANNOTATION: &str = "v1.multus-cni.io/default-network";
+/// The interface Multus gives the cluster's default network.
+pub const DEFAULT_INTERFACE: &str = "eth0";
+
+/// One entry of the networks annotation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkSelection {
+    /// `namespace/name`.
+    pub network: String,
+    pub interface: String,
+}
+
+/// The additional networks of a pod, in order, with their interfaces.
+pub fn selections(annotation: &str, pod_namespace: &str) -> Result<Vec<NetworkSelection>, String> {
+    let trimmed = annotation.trim();
+    if trimmed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let entries: Vec<(String, Option<String>, Option<String>)> = if trimmed.starts_with('[') {
+        let list: Vec<Value> = serde_json::from_str(trimmed)
+            .map_err(|e| format!("{NETWORKS_ANNOTATION} is not a JSON list: {e}"))?;
+        list.iter()
+            .map(|v| {
+                let field = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+                let name = field("name").filter(|n| !n.is_empty()).ok_or_else(|| {
+                    format!("{NETWORKS_ANNOTATION}: an entry without a name: {v}")
+                })?;
+                Ok((name, field("namespace"), field("interface")))
+            })
+            .collect::<Result<_, String>>()?
+    } else {
+        trimmed
+            .split(',')
+            .map(|item| parse_short(item.trim()))
+            .collect::<Result<_, String>>()?
+    };
+    Ok(entries
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, namespace, interface))| NetworkSelection {
+            network: format!(
+                "{}/{name}",
+                namespace
+                    .filter(|n| !n.is_empty())
+                    .as_deref()
+                    .unwrap_or(pod_namespace)
+            ),
+            interface: interface
+                .filter(|i| !i.is_empty())
+                .unwrap_or_else(|| format!("net{}", i + 1)),
+        })
+        .collect())
+}
+
+/// `[namespace/]name[@interface]`.
+fn parse_short(item: &str) -> Result<(String, Option<String>, Option<String>), String> {
+    let (rest, interface) = match item.split_once('@') {
+        Some((rest, interface)) => (rest, Some(interface.to_string())),
+        None => (item, None),
+    };
+    let (namespace, name) = match rest.split_once('/') {
+        Some((ns, name)) => (Some(ns.to_string()), name),
+        None => (None, rest),
+    };
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+    };
+    if !valid(name)
+        || namespace.as_deref().is_some_and(|n| !valid(n))
+        || interface.as_deref().is_some_and(|i| !valid(i))
+    {
+        return Err(format!(
+            "{NETWORKS_ANNOTATION}: `{item}` is not [namespace/]name[@interface]"
+        ));
+    }
+    Ok((name.to_string(), namespace, interface))
+}
+
+/// The Multus network (`namespace/name`) of `interface`, or "" when the pod's annotations do not
+/// say (the cluster's default network without an override, or no Multus at all).
+pub fn network_of(
+    annotations: &std::collections::BTreeMap<String, String>,
+    pod_namespace: &str,
+    interface: &str,
+) -> Result<String, String> {
+    if let Some(list) = annotations.get(NETWORKS_ANNOTATION) {
+        let found = selections(list, pod_namespace)?
+            .into_iter()
+            .find(|s| s.interface == interface);
+        if let Some(s) = found {
+            return Ok(s.network);
+        }
+    }
+    if interface == DEFAULT_INTERFACE
+        && let Some(default) = annotations.get(DEFAULT_NETWORK_ANNOTATION)
+    {
+        let (name, namespace, _) = parse_short(default.trim())
+            .map_err(|e| e.replace(NETWORKS_ANNOTATION, DEFAULT_NETWORK_ANNOTATION))?;
+        return Ok(format!(
+            "{}/{name}",
+            namespace.as_deref().unwrap_or(pod_namespace)
+        ));
+    }
+    Ok(String::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn short_form_numbers_interfaces_from_net1_in_list_order() {
+        let a = annotations(&[(NETWORKS_ANNOTATION, "macvlan-a, infra/macvlan-b@storage, c")]);
+        assert_eq!(network_of(&a, "web", "net1").unwrap(), "web/macvlan-a");
+        assert_eq!(network_of(&a, "web", "storage").unwrap(), "infra/macvlan-b");
+        // The third entry is net3 although the second named its interface.
+        assert_eq!(network_of(&a, "web", "net3").unwrap(), "web/c");
+        assert_eq!(network_of(&a, "web", "net2").unwrap(), "");
+        assert_eq!(network_of(&a, "web", "eth0").unwrap(), "");
+    }
+
+    #[test]
+    fn json_form_with_namespaces_and_interfaces() {
+        let a = annotations(&[(
+            NETWORKS_ANNOTATION,
+            r#"[{"name":"underlay","namespace":"kube-system","interface":"eth1"},{"name":"b"}]"#,
+        )]);
+        assert_eq!(
+            network_of(&a, "web", "eth1").unwrap(),
+            "kube-system/underlay"
+        );
+        assert_eq!(network_of(&a, "web", "net2").unwrap(), "web/b");
+    }
+
+    #[test]
+    fn the_default_network_annotation_names_eth0s_network() {
+        let a = annotations(&[(DEFAULT_NETWORK_ANNOTATION, "kube-system/macvlan-underlay")]);
+        assert_eq!(
+            network_of(&a, "web", "eth0").unwrap(),
+            "kube-system/macvlan-underlay"
+        );
+        let a = annotations(&[(DEFAULT_NETWORK_ANNOTATION, "underlay")]);
+        assert_eq!(network_of(&a, "web", "eth0").unwrap(), "web/underlay");
+        assert_eq!(network_of(&a, "web", "net1").unwrap(), "");
+    }
+
+    #[test]
+    fn malformed_annotations_say_what_is_wrong() {
+        for bad in ["[{\"namespace\":\"x\"}]", "[1,", "a b", "ns/", "x@"] {
+            let a = annotations(&[(NETWORKS_ANNOTATION, bad)]);
+            let err = network_of(&a, "web", "net1").unwrap_err();
+            assert!(err.contains(NETWORKS_ANNOTATION), "{bad}: {err}");
+        }
+        let a = annotations(&[(DEFAULT_NETWORK_ANNOTATION, "a/b/c")]);
+        let err = network_of(&a, "web", "eth0").unwrap_err();
+        assert!(err.contains(DEFAULT_NETWORK_ANNOTATION), "{err}");
+    }
+}

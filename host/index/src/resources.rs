@@ -1,0 +1,190 @@
+//! How each Kubernetes kind enters the index.
+
+use std::collections::BTreeMap;
+
+use allot_core::policy::Owner;
+use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::PartialObjectMeta;
+
+use crate::feed::IndexResource;
+use crate::index::{Index, Kind, PodFacts};
+
+fn names(meta: &ObjectMeta) -> (String, String) {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+fn map(m: &Option<BTreeMap<String, String>>) -> BTreeMap<String, String> {
+    m.clone().unwrap_or_default()
+}
+
+/// The owner reference marked as controller.
+pub(crate) fn controller(meta: &ObjectMeta) -> Option<Owner> {
+    meta.owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .map(|r| Owner {
+            kind: r.kind.clone(),
+            name: r.name.clone(),
+        })
+}
+
+impl Index {
+    fn facts(pod: &Pod) -> PodFacts {
+        PodFacts {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            labels: map(&pod.metadata.labels),
+            annotations: map(&pod.metadata.annotations),
+            controller: controller(&pod.metadata),
+            host_network: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.host_network)
+                .unwrap_or(false),
+        }
+    }
+
+    fn on_this_node(&self, pod: &Pod) -> bool {
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node_name())
+    }
+}
+
+impl IndexResource<Pod> for Index {
+    const KIND: Kind = Kind::Pod;
+
+    fn apply(&mut self, pod: Pod) {
+        let key = names(&pod.metadata);
+        // The watch selects this node's pods; a pod of another node (a misconfigured selector)
+        // is not ours to serve.
+        if self.on_this_node(&pod) {
+            self.pods.insert(key, Index::facts(&pod));
+        } else {
+            self.pods.remove(&key);
+        }
+    }
+
+    fn delete(&mut self, pod: Pod) {
+        self.pods.remove(&names(&pod.metadata));
+    }
+
+    fn reset(&mut self, pods: Vec<Pod>) {
+        self.pods = pods
+            .iter()
+            .filter(|p| self.on_this_node(p))
+            .map(|p| (names(&p.metadata), Index::facts(p)))
+            .collect();
+        self.mark_synced(Kind::Pod);
+    }
+}
+
+impl IndexResource<Namespace> for Index {
+    const KIND: Kind = Kind::Namespace;
+
+    fn apply(&mut self, ns: Namespace) {
+        let m = &ns.metadata;
+        self.namespaces.insert(
+            m.name.clone().unwrap_or_default(),
+            (map(&m.labels), map(&m.annotations)),
+        );
+    }
+
+    fn delete(&mut self, ns: Namespace) {
+        self.namespaces
+            .remove(ns.metadata.name.as_deref().unwrap_or_default());
+    }
+
+    fn reset(&mut self, all: Vec<Namespace>) {
+        self.namespaces.clear();
+        for ns in all {
+            self.apply(ns);
+        }
+        self.mark_synced(Kind::Namespace);
+    }
+}
+
+impl IndexResource<Node> for Index {
+    const KIND: Kind = Kind::Node;
+
+    fn apply(&mut self, node: Node) {
+        if node.metadata.name.as_deref() == Some(self.node_name()) {
+            self.node = Some(map(&node.metadata.labels));
+        }
+    }
+
+    fn delete(&mut self, node: Node) {
+        if node.metadata.name.as_deref() == Some(self.node_name()) {
+            self.node = None;
+        }
+    }
+
+    fn reset(&mut self, nodes: Vec<Node>) {
+        self.node = None;
+        for node in nodes {
+            self.apply(node);
+        }
+        self.mark_synced(Kind::Node);
+    }
+}
+
+/// ReplicaSets and Jobs are followed as metadata only: their owner is all the index needs.
+macro_rules! owner_cache {
+    ($kind:ty, $field:ident, $tag:expr) => {
+        impl IndexResource<PartialObjectMeta<$kind>> for Index {
+            const KIND: Kind = $tag;
+
+            fn apply(&mut self, o: PartialObjectMeta<$kind>) {
+                self.$field
+                    .insert(names(&o.metadata), controller(&o.metadata));
+            }
+
+            fn delete(&mut self, o: PartialObjectMeta<$kind>) {
+                self.$field.remove(&names(&o.metadata));
+            }
+
+            fn reset(&mut self, all: Vec<PartialObjectMeta<$kind>>) {
+                self.$field = all
+                    .iter()
+                    .map(|o| (names(&o.metadata), controller(&o.metadata)))
+                    .collect();
+                self.mark_synced($tag);
+            }
+        }
+    };
+}
+
+owner_cache!(ReplicaSet, replicasets, Kind::ReplicaSet);
+owner_cache!(Job, jobs, Kind::Job);
+
+impl IndexResource<StatefulSet> for Index {
+    const KIND: Kind = Kind::StatefulSet;
+
+    fn apply(&mut self, sts: StatefulSet) {
+        // A StatefulSet being deleted keeps no address for its pods.
+        let replicas = if sts.metadata.deletion_timestamp.is_some() {
+            0
+        } else {
+            // The API defaults spec.replicas to 1.
+            let n = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            u32::try_from(n).unwrap_or(0)
+        };
+        self.statefulsets.insert(names(&sts.metadata), replicas);
+    }
+
+    fn delete(&mut self, sts: StatefulSet) {
+        self.statefulsets.remove(&names(&sts.metadata));
+    }
+
+    fn reset(&mut self, all: Vec<StatefulSet>) {
+        self.statefulsets.clear();
+        for sts in all {
+            self.apply(sts);
+        }
+        self.mark_synced(Kind::StatefulSet);
+    }
+}
