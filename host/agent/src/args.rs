@@ -14,6 +14,7 @@ use allot_store::{OpenedStore, StoreArgs};
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
 
+use crate::cluster::{self, Cluster, EndpointWriter, PolicyFollower};
 use crate::inventory;
 use crate::metrics::Metrics;
 use crate::server::{self, Shared};
@@ -31,8 +32,30 @@ pub struct Args {
     /// Serve pools, subnets and reserved addresses from the YAML files of this directory
     /// (reloaded when they change), without Kubernetes. Without it, `--store etcd://…` serves
     /// the pools kept in etcd (`allotctl pool apply`).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "kubernetes")]
     standalone: Option<PathBuf>,
+    /// Cluster mode: claims in the cluster's IPBlocks, pools from its IPPools, Subnets and
+    /// ReservedIPs, each pod's labels, annotations and owner from watches, the policy from the
+    /// cluster's Policy object. Uses the in-cluster ServiceAccount unless --kubeconfig is given.
+    #[arg(long, conflicts_with = "store")]
+    kubernetes: bool,
+    /// Cluster mode: how long an ADD waits for its pod to reach the agent's watch before it
+    /// reads the pod from the API once.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 2000,
+        requires = "kubernetes"
+    )]
+    pod_wait_ms: u64,
+    /// Cluster mode: the name of the cluster-scoped Policy object the agent follows.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "default",
+        requires = "kubernetes"
+    )]
+    policy_object: String,
     /// The unix socket the plugin talks to.
     #[arg(long, value_name = "PATH", default_value = allot_api::DEFAULT_SOCKET)]
     socket: PathBuf,
@@ -114,20 +137,60 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => hostname(),
     };
 
-    let opened = args
-        .store
-        .open(&args.state)
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()
+        .context("starting the async runtime")?;
+    let (store, source, etcd, cluster) = if args.kubernetes {
+        let store = allot_store::KubeStore::connect(&allot_store::KubeConfig {
+            kubeconfig: args.store.kubeconfig.clone(),
+            node: Some(node_name.clone()),
+            timeout: None,
+        })
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    tracing::info!(store = %opened.describe(), "claims are kept in this store");
-    let store = opened.shared();
-    let source = match (&args.standalone, &opened) {
-        (Some(dir), _) => inventory::Source::Dir(dir.clone()),
-        (None, OpenedStore::Etcd(etcd)) => inventory::Source::Etcd(etcd.clone()),
-        (None, OpenedStore::Sqlite(_)) => bail!(
-            "no pools to serve: run with --standalone DIR (pools from YAML files), or with \
-             --store etcd://HOST:PORT to read the pools `allotctl pool apply` wrote to etcd \
-             (cluster mode is not available yet)"
-        ),
+        tracing::info!(node = %node_name, "cluster mode: claims are kept in the cluster's IPBlocks");
+        let client = runtime
+            .block_on(allot_store::kube_client(args.store.kubeconfig.as_deref()))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let index = allot_index::SharedIndex::new(&node_name);
+        let cluster = Cluster {
+            index: index.clone(),
+            client: client.clone(),
+            pod_wait: Duration::from_millis(args.pod_wait_ms),
+            endpoints: EndpointWriter::new(client, &node_name, runtime.handle().clone()),
+        };
+        let store: Arc<dyn Store> = Arc::new(store);
+        (
+            store,
+            inventory::Source::Cluster(index),
+            None,
+            Some(cluster),
+        )
+    } else {
+        let opened = args
+            .store
+            .open(&args.state)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        tracing::info!(store = %opened.describe(), "claims are kept in this store");
+        let source = match (&args.standalone, &opened) {
+            (_, OpenedStore::Kubernetes(_)) => bail!(
+                "--store kubernetes is cluster mode: run the agent with --kubernetes \
+                 [--kubeconfig FILE] instead"
+            ),
+            (Some(dir), _) => inventory::Source::Dir(dir.clone()),
+            (None, OpenedStore::Etcd(etcd)) => inventory::Source::Etcd(etcd.clone()),
+            (None, OpenedStore::Sqlite(_)) => bail!(
+                "no pools to serve: run with --standalone DIR (pools from YAML files), with \
+                 --store etcd://HOST:PORT to read the pools `allotctl pool apply` wrote to etcd, \
+                 or with --kubernetes to serve a cluster's pools"
+            ),
+        };
+        let etcd = match &opened {
+            OpenedStore::Etcd(etcd) => Some(etcd.clone()),
+            OpenedStore::Sqlite(_) | OpenedStore::Kubernetes(_) => None,
+        };
+        (opened.shared(), source, etcd, None)
     };
     let limits = Limits {
         memory_bytes: args.policy_memory_mib << 20,
@@ -143,9 +206,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => PrecompiledCache::default_location(),
     };
-    let policies = PolicyEngine::new(limits, cache)?;
+    let policies = PolicyEngine::new(limits, cache.clone())?;
     let default = Arc::new(policies.load(&PolicySource::embedded_default())?);
     let registry = Arc::new(PolicyRegistry::new(default));
+    let mut base_policy = None;
     if let Some(path) = &args.policy {
         let mut source = PolicySource::file(path)?;
         if let Some(hex) = &args.policy_sha256 {
@@ -156,15 +220,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             FailureMode::Fail => OnFailure::Fail,
             FailureMode::Fallback => OnFailure::FallBackToDefault,
         };
-        registry.install(STANDALONE_CLUSTER, policy, on_failure);
+        registry.install(STANDALONE_CLUSTER, policy.clone(), on_failure);
+        base_policy = Some((policy, on_failure));
     }
     let config = EngineConfig {
         cooldown: args.cooldown_seconds,
         gc_grace: args.gc_grace_seconds,
         stateful_keep: args.statefulset_keep_seconds,
         resync: args.resync_seconds.max(1),
-        // Nodes sharing etcd start each pool at a place of their own, so they rarely race.
-        spread: matches!(opened, OpenedStore::Etcd(_)).then(|| seed_of(&node_name)),
+        // Nodes sharing a store start each pool at a place of their own, so they rarely race.
+        spread: (etcd.is_some() || cluster.is_some()).then(|| seed_of(&node_name)),
     };
     let engine: Arc<AgentEngine> = Arc::new(Engine::with_config(
         store,
@@ -173,27 +238,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         system_clock(),
     ));
     let metrics = Arc::new(Metrics::new());
+    let follower = cluster.as_ref().map(|c| PolicyFollower {
+        client: c.client.clone(),
+        registry: registry.clone(),
+        cluster: STANDALONE_CLUSTER.into(),
+        name: args.policy_object.clone(),
+        node: node_name.clone(),
+        base_limits: limits,
+        cache,
+        base: base_policy,
+    });
     let shared = Arc::new(Shared {
         engine,
         metrics,
         node_name,
         config: Default::default(),
         journal: args.journal.clone(),
+        cluster,
     });
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .worker_threads(2)
-        .build()
-        .context("starting the async runtime")?;
     runtime.block_on(async move {
+        if let Some(c) = &shared.cluster {
+            cluster::watch(&c.index, &c.client);
+        }
+        if let Some(follower) = follower {
+            tokio::spawn(follower.run());
+        }
         let first = shared.clone();
         let first_source = source.clone();
         tokio::task::spawn_blocking(move || inventory::reload(&first, &first_source))
             .await
             .context("loading the pools")?;
-        if let OpenedStore::Etcd(etcd) = &opened {
-            follow_watch(shared.clone(), etcd.clone());
+        if let Some(etcd) = etcd {
+            follow_watch(shared.clone(), etcd);
         }
         let ticker = tokio::spawn(inventory::run(
             shared.clone(),

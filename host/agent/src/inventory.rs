@@ -73,6 +73,9 @@ pub enum Source {
     /// The `PREFIX/config/` keys of etcd (`--store etcd://…` without `--standalone`), written by
     /// `allotctl pool apply`.
     Etcd(Arc<allot_store::EtcdStore>),
+    /// The cluster's IPPool, Subnet and ReservedIP objects (`--kubernetes`), as the watches
+    /// keep them in the index.
+    Cluster(Arc<allot_index::SharedIndex>),
 }
 
 impl Source {
@@ -80,6 +83,7 @@ impl Source {
         match self {
             Source::Dir(dir) => dir.display().to_string(),
             Source::Etcd(etcd) => format!("{etcd:?} config keys"),
+            Source::Cluster(_) => "the cluster's IPPools, Subnets and ReservedIPs".into(),
         }
     }
 
@@ -88,6 +92,7 @@ impl Source {
         match self {
             Source::Dir(dir) => standalone::fingerprint(dir).ok(),
             Source::Etcd(etcd) => etcd.load_config().ok().map(|(f, _)| f),
+            Source::Cluster(index) => index.read().observation().map(|(generation, _)| generation),
         }
     }
 
@@ -100,6 +105,21 @@ impl Source {
                 .load_config()
                 .map(|(_, o)| o)
                 .map_err(|e| format!("reading pools from etcd: {e}")),
+            Source::Cluster(index) => {
+                let index = index.read();
+                index.observation().map(|(_, o)| o).ok_or_else(|| {
+                    let waiting: Vec<&str> = index
+                        .unsynced()
+                        .into_iter()
+                        .filter(|k| k.holds_pools())
+                        .map(|k| k.as_str())
+                        .collect();
+                    format!(
+                        "waiting for the first list of {} from the Kubernetes API",
+                        waiting.join(", ")
+                    )
+                })
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! allot CNI plugin over a unix socket.
 
 mod args;
+mod cluster;
 mod inventory;
 mod journal;
 mod metrics;

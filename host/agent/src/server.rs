@@ -32,6 +32,8 @@ pub struct Shared {
     pub config: SharedConfig,
     /// The DEL journal (the plugin's, `--journal`): DELs the store cannot take now wait there.
     pub journal: std::path::PathBuf,
+    /// Cluster mode's indexes and API client (`--kubernetes`).
+    pub cluster: Option<crate::cluster::Cluster>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -205,11 +207,16 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
         (Method::POST, api::DEL) => match body::<api::DelRequest>(req).await {
             Ok(r) => {
                 blocking(&shared, "del", move |s| {
-                    let request = DelRequest {
+                    let mut request = DelRequest {
                         attachment: attachment(&r.attachment),
                         owner_replicas: r.owner_replicas,
                         issued_at: r.issued_at,
                     };
+                    if let Some(cluster) = &s.cluster
+                        && request.owner_replicas.is_none()
+                    {
+                        request.owner_replicas = crate::cluster::owner_replicas(s, cluster, &request.attachment);
+                    }
                     let touched = match s.engine.del_request(&request) {
                         Err(AllocError::Store(StoreError::Unavailable(why))) => {
                             // The pod must be able to go away: remember the DEL and replay it
@@ -220,6 +227,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
                     };
                     let released: Vec<_> = touched.iter().filter(|c| c.attachment.is_some()).collect();
                     s.metrics.releases.inc_by(released.len() as u64);
+                    if let (Some(cluster), Some(c)) = (&s.cluster, released.first()) {
+                        cluster.endpoints.released(&c.pod.namespace, &c.pod.name, &c.pod.uid, &request.attachment.interface);
+                    }
                     if r.issued_at.is_some() {
                         tracing::info!(container = %request.attachment, released = released.len(), "replayed a DEL from the plugin's journal");
                     }
@@ -447,7 +457,7 @@ fn result(o: &AddOutcome) -> api::IpamResult {
 
 async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
     let started = Instant::now();
-    let request = AddRequest {
+    let mut request = AddRequest {
         attachment: Attachment {
             container_id: r.container_id.clone(),
             interface: r.if_name.clone(),
@@ -480,8 +490,45 @@ async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
             ipv6: r.default_ipv6_pools.clone(),
         },
     };
+    let mut found = None;
+    if let Some(cluster) = &shared.cluster {
+        match cluster
+            .request(&r.pod.namespace, &r.pod.name, &r.pod.uid, &r.if_name)
+            .await
+        {
+            Ok(pod) => {
+                request.pod = pod.pod.clone();
+                request.namespace = pod.namespace.clone();
+                request.node = pod.node.clone();
+                request.multus_name = pod.multus_name.clone();
+                found = Some(pod);
+            }
+            Err(e) => {
+                let (status, code, reason, why) = match e {
+                    crate::cluster::LookupError::Invalid(why) => (
+                        StatusCode::BAD_REQUEST,
+                        codes::INVALID_POD,
+                        "invalid-pod",
+                        why,
+                    ),
+                    crate::cluster::LookupError::Unavailable(why) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        codes::TRY_AGAIN_LATER,
+                        "pod-unknown",
+                        why,
+                    ),
+                };
+                shared.metrics.error(reason);
+                tracing::warn!(verb = "add", reason, "{why}");
+                return error(status, code, why, "");
+            }
+        }
+    }
     let reply = blocking(&shared, "add", move |s| {
         let out = s.engine.add(&request)?;
+        if let (Some(cluster), Some(pod)) = (&s.cluster, &found) {
+            cluster.endpoints.added(pod, &request.attachment.interface, &out);
+        }
         if !out.repeated {
             s.metrics.allocations.inc_by(out.allocations.len() as u64);
             for a in &out.allocations {

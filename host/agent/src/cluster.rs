@@ -1,0 +1,265 @@
+//! Cluster mode (`--kubernetes`): claims in the cluster's IPBlocks, pools from its IPPools,
+//! Subnets and ReservedIPs, and each ADD's policy request built from watch-fed indexes
+//! ([`allot_index`]) rather than from what the plugin was told.
+//!
+//! What runs where: the agent (one per node) follows this node's pods, all namespaces, this
+//! node, ReplicaSets and Jobs (metadata only), StatefulSets, allot's pool objects and the
+//! cluster's `Policy`; it writes IPBlocks (claims) and `Endpoint`s (what each pod holds). The
+//! controller (a later issue) derives pool status counts and collects garbage.
+
+mod endpoints;
+mod policy;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_index::{
+    Index, Lookup, Need, PodRequest, PoolObject, ReservedObject, SharedIndex, SubnetObject, feed,
+};
+use allot_k8s::{IPPool, ReservedIP, Subnet};
+use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
+
+pub use endpoints::EndpointWriter;
+pub use policy::PolicyFollower;
+
+/// What cluster mode adds to the agent.
+pub struct Cluster {
+    pub index: Arc<SharedIndex>,
+    pub client: kube::Client,
+    /// How long an ADD waits for its pod to reach the index before asking the API once.
+    pub pod_wait: Duration,
+    pub endpoints: EndpointWriter,
+}
+
+/// Why an ADD's request could not be built.
+#[derive(Debug)]
+pub enum LookupError {
+    /// The pod's own objects are wrong (a malformed Multus annotation).
+    Invalid(String),
+    /// The API does not answer, or does not know the pod: retry later.
+    Unavailable(String),
+}
+
+/// Starts one watch per kind the index follows, on the current runtime.
+pub fn watch(index: &Arc<SharedIndex>, client: &kube::Client) {
+    let node = index.read().node_name().to_string();
+    let config = watcher::Config::default();
+    let on_this_node = config.clone().fields(&format!("spec.nodeName={node}"));
+    let this_node = config.clone().fields(&format!("metadata.name={node}"));
+    let c = client.clone();
+    let i = index.clone();
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(Api::<Pod>::all(c.clone()), on_this_node).default_backoff(),
+        |p| p,
+    ));
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(Api::<Namespace>::all(c.clone()), config.clone()).default_backoff(),
+        |n| n,
+    ));
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(Api::<Node>::all(c.clone()), this_node).default_backoff(),
+        |n| n,
+    ));
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(
+            Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()),
+            config.clone(),
+        )
+        .default_backoff(),
+        |o| o,
+    ));
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(
+            Api::<PartialObjectMeta<Job>>::all(c.clone()),
+            config.clone(),
+        )
+        .default_backoff(),
+        |o| o,
+    ));
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(Api::<StatefulSet>::all(c.clone()), config.clone()).default_backoff(),
+        |s| s,
+    ));
+    let dynamic = |r: ApiResource| Api::<DynamicObject>::all_with(c.clone(), &r);
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(dynamic(ApiResource::erase::<IPPool>(&())), config.clone()).default_backoff(),
+        PoolObject,
+    ));
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(dynamic(ApiResource::erase::<Subnet>(&())), config.clone()).default_backoff(),
+        SubnetObject,
+    ));
+    tokio::spawn(feed(
+        i,
+        watcher(dynamic(ApiResource::erase::<ReservedIP>(&())), config).default_backoff(),
+        ReservedObject,
+    ));
+}
+
+impl Cluster {
+    /// The policy request for `interface` of pod `namespace/name`: from the index, waiting up
+    /// to `pod_wait` for what it lacks (a pod just scheduled may reach the agent's watch after
+    /// the runtime's ADD), then fetching the rest once from the API.
+    pub async fn request(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        interface: &str,
+    ) -> Result<PodRequest, LookupError> {
+        // The runtime names the pod's UID: a cached pod with another one is an earlier pod of
+        // the same name (a StatefulSet's), not this one.
+        let stale =
+            |l: &Lookup| matches!(l, Lookup::Ready(r) if !uid.is_empty() && r.pod.uid != uid);
+        let answer = |i: &Index| match i.lookup(namespace, name, interface, true) {
+            Lookup::Missing(_) => None,
+            l if stale(&l) => None,
+            other => Some(other),
+        };
+        let lookup = match self.index.wait_for(self.pod_wait, answer).await {
+            Ok(found) => found,
+            Err(_) => {
+                // Each object fetched may name another (a pod its ReplicaSet): ask until
+                // nothing new is missing, each object at most once.
+                let mut asked = Vec::new();
+                loop {
+                    let needs = match self.index.read().lookup(namespace, name, interface, true) {
+                        Lookup::Missing(needs) => needs,
+                        l if stale(&l) => vec![Need::Pod {
+                            namespace: namespace.to_string(),
+                            name: name.to_string(),
+                        }],
+                        _ => Vec::new(),
+                    };
+                    let fresh: Vec<Need> =
+                        needs.into_iter().filter(|n| !asked.contains(n)).collect();
+                    if fresh.is_empty() {
+                        break;
+                    }
+                    tracing::info!(pod = %format!("{namespace}/{name}"), needs = ?fresh, "not in the watch caches yet; asking the API");
+                    for need in fresh {
+                        asked.push(need.clone());
+                        self.fetch(need).await?;
+                    }
+                }
+                self.index.read().lookup(namespace, name, interface, false)
+            }
+        };
+        match lookup {
+            l if stale(&l) => Err(LookupError::Unavailable(format!(
+                "pod {namespace}/{name} in the API is not the one the runtime adds (UID {uid}); \
+                 the runtime will retry"
+            ))),
+            Lookup::Ready(r) => Ok(*r),
+            Lookup::Invalid(why) => Err(LookupError::Invalid(why)),
+            Lookup::Missing(needs) => Err(LookupError::Unavailable(format!(
+                "pod {namespace}/{name}: still missing {needs:?} after asking the API; retry"
+            ))),
+        }
+    }
+
+    /// One GET for one object the index lacks, put into the index. A missing ReplicaSet or
+    /// Job is no error (the lookup then takes it as the owner); a missing pod, namespace or
+    /// node is.
+    async fn fetch(&self, need: Need) -> Result<(), LookupError> {
+        let c = self.client.clone();
+        let unavailable = |what: String, e: kube::Error| {
+            LookupError::Unavailable(format!(
+                "cannot read {what} from the Kubernetes API: {e}; check the agent's \
+                 ServiceAccount may get it"
+            ))
+        };
+        let gone = |what: String| {
+            LookupError::Unavailable(format!(
+                "{what} does not exist in the Kubernetes API; the runtime will retry the ADD"
+            ))
+        };
+        match need {
+            Need::Pod { namespace, name } => {
+                let what = format!("pod {namespace}/{name}");
+                let pod = Api::<Pod>::namespaced(c, &namespace)
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| unavailable(what.clone(), e))?
+                    .ok_or_else(|| gone(what.clone()))?;
+                self.index
+                    .update(|i| allot_index::IndexResource::apply(i, pod));
+            }
+            Need::Namespace(name) => {
+                let what = format!("namespace {name}");
+                let ns = Api::<Namespace>::all(c)
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| unavailable(what.clone(), e))?
+                    .ok_or_else(|| gone(what.clone()))?;
+                self.index
+                    .update(|i| allot_index::IndexResource::apply(i, ns));
+            }
+            Need::Node(name) => {
+                let what = format!("node {name}");
+                let node = Api::<Node>::all(c)
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| unavailable(what.clone(), e))?
+                    .ok_or_else(|| gone(what.clone()))?;
+                self.index
+                    .update(|i| allot_index::IndexResource::apply(i, node));
+            }
+            Need::ReplicaSet { namespace, name } => {
+                let what = format!("ReplicaSet {namespace}/{name}");
+                if let Some(rs) = Api::<ReplicaSet>::namespaced(c, &namespace)
+                    .get_metadata_opt(&name)
+                    .await
+                    .map_err(|e| unavailable(what, e))?
+                {
+                    self.index
+                        .update(|i| allot_index::IndexResource::apply(i, rs));
+                }
+            }
+            Need::Job { namespace, name } => {
+                let what = format!("Job {namespace}/{name}");
+                if let Some(job) = Api::<Job>::namespaced(c, &namespace)
+                    .get_metadata_opt(&name)
+                    .await
+                    .map_err(|e| unavailable(what, e))?
+                {
+                    self.index
+                        .update(|i| allot_index::IndexResource::apply(i, job));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The replica count of the StatefulSet owning the claims of `attachment`, for a DEL the plugin
+/// could not say it for: `Some(0)` once the StatefulSet is gone, so its pods' addresses are
+/// released rather than kept; `None` when the pod is not a StatefulSet's or the index cannot
+/// tell yet (the address is then kept, and released later if the pod does not come back).
+pub fn owner_replicas(
+    shared: &crate::server::Shared,
+    cluster: &Cluster,
+    attachment: &allot_core::store::Attachment,
+) -> Option<u32> {
+    use allot_core::store::Store as _;
+    let claims = shared.engine.store().claims_of(attachment).ok()?;
+    let claim = claims.iter().find(|c| c.pod.is_stateful())?;
+    let owner = claim.pod.owner_name.as_deref()?;
+    cluster
+        .index
+        .read()
+        .statefulset_replicas(&claim.pod.namespace, owner)
+}

@@ -1,0 +1,198 @@
+//! The pod's `Endpoint`: which addresses it holds on which interface, from which pools, with
+//! its owner. Written after the ADD answered (the runtime does not wait for it), retried with
+//! a fresh read on a compare-and-swap conflict, and owned by the pod (so Kubernetes deletes it
+//! with the pod) except for StatefulSet pods, whose addresses outlive the pod object.
+
+use std::time::Duration;
+
+use allot_core::engine::AddOutcome;
+use allot_index::PodRequest;
+use allot_k8s::{Endpoint, EndpointInterface, EndpointSpec, OwnerRef};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, PostParams};
+
+const ATTEMPTS: u32 = 5;
+
+/// Writes Endpoints on the agent's runtime, in the background.
+#[derive(Clone)]
+pub struct EndpointWriter {
+    client: kube::Client,
+    node: String,
+    runtime: tokio::runtime::Handle,
+}
+
+impl EndpointWriter {
+    pub fn new(client: kube::Client, node: &str, runtime: tokio::runtime::Handle) -> Self {
+        EndpointWriter {
+            client,
+            node: node.to_string(),
+            runtime,
+        }
+    }
+
+    /// Records what `interface` of the pod got (after a successful ADD).
+    pub fn added(&self, request: &PodRequest, interface: &str, outcome: &AddOutcome) {
+        let entry = interface_entry(interface, outcome);
+        let pod = request.pod.clone();
+        let node = self.node.clone();
+        let api = Api::<Endpoint>::namespaced(self.client.clone(), &pod.namespace);
+        self.runtime.spawn(async move {
+            let what = format!("Endpoint {}/{}", pod.namespace, pod.name);
+            let result = update(&api, &pod.name, |current| {
+                Some(with_interface(current, &pod, &node, &entry))
+            })
+            .await;
+            if let Err(e) = result {
+                tracing::warn!("cannot write {what}: {e}");
+            }
+        });
+    }
+
+    /// Removes `interface` from the pod's Endpoint after its addresses were released (a DEL);
+    /// the Endpoint goes when no interface is left. Addresses kept for a StatefulSet pod stay
+    /// recorded.
+    pub fn released(&self, namespace: &str, name: &str, uid: &str, interface: &str) {
+        let api = Api::<Endpoint>::namespaced(self.client.clone(), namespace);
+        let (name, uid, interface) = (name.to_string(), uid.to_string(), interface.to_string());
+        let what = format!("Endpoint {namespace}/{name}");
+        self.runtime.spawn(async move {
+            let result = update(&api, &name, |current| {
+                let mut ep = current?;
+                if ep.spec.uid != uid {
+                    // A later pod of this name owns it now.
+                    return None;
+                }
+                ep.spec.interfaces.retain(|i| i.ifname != interface);
+                Some(ep)
+            })
+            .await;
+            if let Err(e) = result {
+                tracing::warn!("cannot update {what}: {e}");
+            }
+        });
+    }
+}
+
+/// The Endpoint `current` becomes once `entry` (one interface) is recorded for `pod`.
+fn with_interface(
+    current: Option<Endpoint>,
+    pod: &allot_core::policy::PodInfo,
+    node: &str,
+    entry: &EndpointInterface,
+) -> Endpoint {
+    let mut ep = match current {
+        // The same pod: replace this interface's entry, keep the others.
+        Some(ep) if ep.spec.uid == pod.uid => ep,
+        // None yet, or a previous pod of this name (a StatefulSet's): start over.
+        other => {
+            let mut fresh = Endpoint::new(&pod.name, EndpointSpec::default());
+            fresh.metadata.resource_version = other.and_then(|o| o.metadata.resource_version);
+            fresh
+        }
+    };
+    ep.spec.uid = pod.uid.clone();
+    ep.spec.node = node.to_string();
+    ep.spec.owner = pod.owner.as_ref().map(|o| OwnerRef {
+        kind: o.kind.clone(),
+        name: o.name.clone(),
+    });
+    ep.metadata.owner_references = owned_by_pod(pod);
+    ep.spec.interfaces.retain(|i| i.ifname != entry.ifname);
+    ep.spec.interfaces.push(entry.clone());
+    ep.spec.interfaces.sort_by(|a, b| a.ifname.cmp(&b.ifname));
+    ep
+}
+
+fn interface_entry(interface: &str, outcome: &AddOutcome) -> EndpointInterface {
+    let mut entry = EndpointInterface {
+        ifname: interface.to_string(),
+        ..Default::default()
+    };
+    for a in &outcome.allocations {
+        if a.address.is_ipv4() {
+            entry.ipv4 = Some(a.cidr());
+        } else {
+            entry.ipv6 = Some(a.cidr());
+        }
+        if !entry.pools.contains(&a.pool) {
+            entry.pools.push(a.pool.clone());
+        }
+        if let Some(gw) = a.gateway {
+            entry.gateways.push(gw.to_string());
+        }
+    }
+    entry.routes = outcome
+        .routes
+        .iter()
+        .map(|r| allot_core::spec::RouteSpec {
+            dst: r.dst.to_string(),
+            gw: r.gw.to_string(),
+        })
+        .collect();
+    entry
+}
+
+/// The pod as the Endpoint's owner, so it is deleted with the pod; none for a StatefulSet
+/// pod, whose addresses (and their record) outlive one pod object.
+fn owned_by_pod(pod: &allot_core::policy::PodInfo) -> Option<Vec<OwnerReference>> {
+    if pod.owner.as_ref().is_some_and(|o| o.kind == "StatefulSet") || pod.uid.is_empty() {
+        return None;
+    }
+    Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        ..Default::default()
+    }])
+}
+
+/// Read, change, write with the read's resourceVersion; on a conflict read again. `change`
+/// returns the new object (`None`: leave it; an object without interfaces is deleted).
+async fn update(
+    api: &Api<Endpoint>,
+    name: &str,
+    change: impl Fn(Option<Endpoint>) -> Option<Endpoint>,
+) -> Result<(), String> {
+    let mut backoff = Duration::from_millis(50);
+    for attempt in 1..=ATTEMPTS {
+        let current = api.get_opt(name).await.map_err(|e| e.to_string())?;
+        let existed = current.is_some();
+        let Some(next) = change(current) else {
+            return Ok(());
+        };
+        let written = if next.spec.interfaces.is_empty() {
+            let precondition = kube::api::Preconditions {
+                resource_version: next.metadata.resource_version.clone(),
+                uid: None,
+            };
+            let dp = DeleteParams {
+                preconditions: Some(precondition),
+                ..Default::default()
+            };
+            api.delete(name, &dp).await.map(|_| ())
+        } else if existed {
+            api.replace(name, &PostParams::default(), &next)
+                .await
+                .map(|_| ())
+        } else {
+            let mut fresh = next;
+            fresh.metadata.resource_version = None;
+            api.create(&PostParams::default(), &fresh).await.map(|_| ())
+        };
+        match written {
+            Ok(()) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < ATTEMPTS => {
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!("still conflicting after {ATTEMPTS} attempts"))
+}
+
+#[cfg(test)]
+#[path = "endpoints_tests.rs"]
+mod tests;

@@ -1,0 +1,245 @@
+//! Endpoint writes against kube's mock service (tower-test), each request checked and answered
+//! as the API server would, refusals included.
+
+use std::time::Duration;
+
+use allot_core::policy::{Owner, PodInfo};
+use http::{Request, Response};
+use kube::client::Body;
+use serde_json::{Value, json};
+use tower_test::mock::{self, Handle, SendResponse};
+
+use super::*;
+
+type Mock = Handle<Request<Body>, Response<Body>>;
+
+const PATH: &str = "/apis/allot.dev/v1alpha1/namespaces/web/endpoints";
+
+async fn expect(
+    handle: &mut Mock,
+    method: &str,
+    path: &str,
+) -> (Value, SendResponse<Response<Body>>) {
+    let (request, send) = tokio::time::timeout(Duration::from_secs(10), handle.next_request())
+        .await
+        .unwrap_or_else(|_| panic!("no {method} {path} within 10 s"))
+        .expect("the client hung up");
+    assert_eq!(request.method().as_str(), method, "{}", request.uri());
+    assert_eq!(request.uri().path(), path, "{method}");
+    let body = http_body_util::BodyExt::collect(request.into_body())
+        .await
+        .expect("a body")
+        .to_bytes();
+    let body = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body).expect("JSON")
+    };
+    (body, send)
+}
+
+fn answer(send: SendResponse<Response<Body>>, code: u16, body: Value) {
+    send.send_response(
+        Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string().into_bytes()))
+            .unwrap(),
+    );
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+           "reason": reason, "message": format!("injected {reason}")})
+}
+
+fn pod(owner: Option<(&str, &str)>) -> PodInfo {
+    PodInfo {
+        namespace: "web".into(),
+        name: "p".into(),
+        uid: "uid-p".into(),
+        owner: owner.map(|(kind, name)| Owner {
+            kind: kind.into(),
+            name: name.into(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn entry(ifname: &str, ipv4: &str) -> EndpointInterface {
+    EndpointInterface {
+        ifname: ifname.into(),
+        ipv4: Some(ipv4.into()),
+        pools: vec!["a".into()],
+        ..Default::default()
+    }
+}
+
+fn stored(rv: &str, interfaces: Value) -> Value {
+    json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Endpoint",
+           "metadata": {"name": "p", "namespace": "web", "resourceVersion": rv},
+           "spec": {"uid": "uid-p", "node": "n1", "interfaces": interfaces}})
+}
+
+fn api() -> (Api<Endpoint>, Mock) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    (Api::namespaced(client, "web"), handle)
+}
+
+#[tokio::test]
+async fn a_new_endpoint_is_created_owned_by_its_pod() {
+    let (api, mut server) = api();
+    let write = tokio::spawn(async move {
+        update(&api, "p", |c| {
+            Some(with_interface(
+                c,
+                &pod(Some(("Deployment", "d"))),
+                "n1",
+                &entry("eth0", "10.0.0.7/24"),
+            ))
+        })
+        .await
+    });
+    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    answer(send, 404, status(404, "NotFound"));
+    let (body, send) = expect(&mut server, "POST", PATH).await;
+    assert_eq!(
+        body["spec"]["owner"],
+        json!({"kind": "Deployment", "name": "d"})
+    );
+    assert_eq!(body["spec"]["interfaces"][0]["ipv4"], "10.0.0.7/24");
+    assert_eq!(body["metadata"]["ownerReferences"][0]["kind"], "Pod");
+    assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "uid-p");
+    assert!(body["metadata"].get("resourceVersion").is_none());
+    answer(send, 201, body);
+    write.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_statefulset_pods_endpoint_has_no_owner_reference() {
+    let (api, mut server) = api();
+    let write = tokio::spawn(async move {
+        update(&api, "p", |c| {
+            Some(with_interface(
+                c,
+                &pod(Some(("StatefulSet", "db"))),
+                "n1",
+                &entry("eth0", "10.0.0.7/24"),
+            ))
+        })
+        .await
+    });
+    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    answer(send, 404, status(404, "NotFound"));
+    let (body, send) = expect(&mut server, "POST", PATH).await;
+    assert!(body["metadata"].get("ownerReferences").is_none(), "{body}");
+    answer(send, 201, body);
+    write.await.unwrap().unwrap();
+}
+
+/// Another node (or the same agent's other interface) wrote first: the write reads again and
+/// keeps what the other one recorded.
+#[tokio::test]
+async fn a_lost_compare_and_swap_reads_again_and_keeps_the_other_interface() {
+    let (api, mut server) = api();
+    let write = tokio::spawn(async move {
+        update(&api, "p", |c| {
+            Some(with_interface(
+                c,
+                &pod(None),
+                "n1",
+                &entry("eth0", "10.0.0.7/24"),
+            ))
+        })
+        .await
+    });
+    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    answer(send, 200, stored("5", json!([])));
+    let (body, send) = expect(&mut server, "PUT", &format!("{PATH}/p")).await;
+    assert_eq!(body["metadata"]["resourceVersion"], "5");
+    answer(send, 409, status(409, "Conflict"));
+    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    answer(
+        send,
+        200,
+        stored("6", json!([{"ifname": "net1", "ipv4": "10.1.0.3/24"}])),
+    );
+    let (body, send) = expect(&mut server, "PUT", &format!("{PATH}/p")).await;
+    assert_eq!(body["metadata"]["resourceVersion"], "6");
+    let names: Vec<&str> = body["spec"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["ifname"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["eth0", "net1"]);
+    answer(send, 200, body);
+    write.await.unwrap().unwrap();
+}
+
+/// Two creates raced: AlreadyExists (409) is read again and replaced.
+#[tokio::test]
+async fn already_exists_on_create_becomes_a_replace() {
+    let (api, mut server) = api();
+    let write = tokio::spawn(async move {
+        update(&api, "p", |c| {
+            Some(with_interface(
+                c,
+                &pod(None),
+                "n1",
+                &entry("eth0", "10.0.0.7/24"),
+            ))
+        })
+        .await
+    });
+    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    answer(send, 404, status(404, "NotFound"));
+    let (_, send) = expect(&mut server, "POST", PATH).await;
+    answer(send, 409, status(409, "AlreadyExists"));
+    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    answer(send, 200, stored("9", json!([{"ifname": "net1"}])));
+    let (body, send) = expect(&mut server, "PUT", &format!("{PATH}/p")).await;
+    assert_eq!(body["spec"]["interfaces"].as_array().unwrap().len(), 2);
+    answer(send, 200, body);
+    write.await.unwrap().unwrap();
+}
+
+/// A previous pod of the same name (a StatefulSet's): its interfaces are not carried over.
+#[tokio::test]
+async fn an_endpoint_of_an_earlier_pod_of_the_name_is_started_over() {
+    let mut old: Endpoint =
+        serde_json::from_value(stored("3", json!([{"ifname": "net1"}]))).unwrap();
+    old.spec.uid = "uid-old".into();
+    let ep = with_interface(Some(old), &pod(None), "n2", &entry("eth0", "10.0.0.8/24"));
+    assert_eq!(ep.spec.uid, "uid-p");
+    assert_eq!(ep.spec.node, "n2");
+    assert_eq!(ep.spec.interfaces.len(), 1);
+    assert_eq!(ep.metadata.resource_version.as_deref(), Some("3"));
+}
+
+#[tokio::test]
+async fn a_refused_write_is_an_error_naming_the_refusal() {
+    let (api, mut server) = api();
+    let write = tokio::spawn(async move {
+        update(&api, "p", |c| {
+            Some(with_interface(
+                c,
+                &pod(None),
+                "n1",
+                &entry("eth0", "10.0.0.7/24"),
+            ))
+        })
+        .await
+    });
+    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    answer(
+        send,
+        403,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+               "reason": "Forbidden",
+               "message": "endpoints.allot.dev \"p\" is forbidden: User \"system:serviceaccount:allot:agent\" cannot get resource \"endpoints\" in API group \"allot.dev\""}),
+    );
+    let err = write.await.unwrap().unwrap_err();
+    assert!(err.contains("cannot get resource \"endpoints\""), "{err}");
+}
