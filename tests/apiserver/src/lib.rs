@@ -261,6 +261,70 @@ impl ApiServer {
         }
     }
 
+    /// Replaces a stored object as a user's edit would (`kubectl replace` without a
+    /// resourceVersion: whatever was stored). Returns it as stored; watches see the change.
+    pub fn edit(&self, plural: &str, mut object: Value) -> Value {
+        let (group, version) = split_api_version(object["apiVersion"].as_str().unwrap_or("v1"));
+        let target = Target {
+            group,
+            version,
+            plural: plural.to_string(),
+            namespace: object["metadata"]["namespace"].as_str().map(str::to_string),
+            name: object["metadata"]["name"].as_str().map(str::to_string),
+            subresource: None,
+        };
+        if let Some(meta) = object["metadata"].as_object_mut() {
+            meta.remove("resourceVersion");
+        }
+        let mut st = self.lock();
+        match update(&mut st, &target, object) {
+            Ok(stored) => {
+                let event = st.history.back().cloned();
+                drop(st);
+                if let Some(e) = event {
+                    let _ = self.inner.events.send(Signal::Event(e));
+                }
+                stored
+            }
+            Err((code, reason, message)) => panic!("edit: {code} {reason}: {message}"),
+        }
+    }
+
+    /// Deletes a stored object as `kubectl delete` would (finalizers honoured); `false` when
+    /// there was none. `api_version` is the object's (`v1`, `apps/v1`, `allot.dev/v1alpha1`).
+    pub fn remove(
+        &self,
+        api_version: &str,
+        plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> bool {
+        let (group, version) = split_api_version(api_version);
+        let target = Target {
+            group,
+            version,
+            plural: plural.to_string(),
+            namespace: namespace.map(str::to_string),
+            name: Some(name.to_string()),
+            subresource: None,
+        };
+        let mut st = self.lock();
+        let before = st.revision;
+        let removed = delete(&mut st, &target, Value::Null).is_ok();
+        let fresh: Vec<Arc<Event>> = st
+            .history
+            .iter()
+            .rev()
+            .take_while(|e| e.revision > before)
+            .cloned()
+            .collect();
+        drop(st);
+        for e in fresh.into_iter().rev() {
+            let _ = self.inner.events.send(Signal::Event(e));
+        }
+        removed
+    }
+
     /// Every stored object of `plural` (any group), in namespace, name order.
     pub fn objects(&self, plural: &str) -> Vec<Value> {
         self.lock()

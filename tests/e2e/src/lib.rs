@@ -479,7 +479,24 @@ impl Agent {
         agent
     }
 
-    /// The flags the agent runs with beyond directory, socket, state and journal.
+    /// An agent in cluster mode (`--kubernetes`) on the API server of `kubeconfig`, as node
+    /// `node`, with the lab's flags and `flags`.
+    pub fn start_on_cluster(kubeconfig: &Path, node: &str, flags: &[(&str, &str)]) -> Agent {
+        let mut all = vec![
+            ("--kubernetes", ""),
+            ("--kubeconfig", kubeconfig.to_str().expect("UTF-8 path")),
+            ("--node-name", node),
+        ];
+        all.extend_from_slice(flags);
+        let mut agent = Self::unstarted(&all);
+        agent.standalone = false;
+        agent.spawn();
+        agent.wait_ready();
+        agent
+    }
+
+    /// The flags the agent runs with beyond directory, socket, state and journal (a flag
+    /// with an empty value is passed bare, like `--kubernetes`).
     pub fn flags(&self) -> Vec<(String, String)> {
         let mut flags: Vec<(String, String)> = LAB_FLAGS
             .iter()
@@ -556,7 +573,10 @@ impl Agent {
             .arg("--journal")
             .arg(self.journal());
         for (flag, value) in self.flags() {
-            command.arg(flag).arg(value);
+            command.arg(flag);
+            if !value.is_empty() {
+                command.arg(value);
+            }
         }
         let child = command
             .stdin(Stdio::null())
@@ -1202,6 +1222,16 @@ impl Lab {
     /// Like [`Lab::new`], with the agent on an existing pools directory.
     pub fn on_pools_dir(test: &str, pools_dir: &Path) -> Option<Lab> {
         Self::with_agent(test, || Agent::start_on(pools_dir))
+    }
+
+    /// Like [`Lab::new`], with the agent in cluster mode on the API server of `kubeconfig`.
+    pub fn on_cluster(
+        test: &str,
+        kubeconfig: &Path,
+        node: &str,
+        flags: &[(&str, &str)],
+    ) -> Option<Lab> {
+        Self::with_agent(test, || Agent::start_on_cluster(kubeconfig, node, flags))
     }
 
     /// Like [`Lab::new`], with the agent serving the pools kept in the etcd at `url`.

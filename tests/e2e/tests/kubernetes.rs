@@ -1,0 +1,442 @@
+//! Cluster mode end to end: the real `allot` plugin, called by Debian's bridge plugin inside a
+//! network namespace, asks an agent running with `--kubernetes` against an API server. No
+//! Kubernetes API server can be installed here, so the server is allot's in-memory one
+//! (`tests/apiserver`), served over loopback HTTP from a kubeconfig: the agent's watches, GETs,
+//! IPBlock compare-and-swap writes, Endpoint writes, Policy status and Events all go through
+//! kube-rs's real client and HTTP.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use allot_e2e::*;
+use allot_test_apiserver::ApiServer;
+use serde_json::{Value, json};
+
+const NODE: &str = "node-e2e";
+
+/// An API server on a loopback port with a kubeconfig file for it, running on its own runtime.
+struct Cluster {
+    server: ApiServer,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Cluster {
+    /// A cluster with namespace `default`, node [`NODE`] and the given pools.
+    fn new(pools: &[Value]) -> Cluster {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = ApiServer::new();
+        let addr = runtime
+            .block_on(server.serve("127.0.0.1:0".parse().unwrap()))
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            ApiServer::kubeconfig(&format!("http://{addr}")),
+        )
+        .unwrap();
+        server.insert(
+            "namespaces",
+            json!({"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": "default", "labels": {"team": "blue"}}}),
+        );
+        server.insert(
+            "nodes",
+            json!({"apiVersion": "v1", "kind": "Node",
+                   "metadata": {"name": NODE, "labels": {"topology.kubernetes.io/zone": "z1"}}}),
+        );
+        for pool in pools {
+            server.insert("ippools", pool.clone());
+        }
+        Cluster {
+            server,
+            kubeconfig,
+            _dir: dir,
+            _runtime: runtime,
+        }
+    }
+
+    /// Adds the pod of `att` on [`NODE`], with `annotations` and the controller `owner`; `att`
+    /// takes the UID the API server gave the pod, as the runtime passes it.
+    fn add_pod(&self, att: &mut Attachment, annotations: Value, owner: Option<(&str, &str)>) {
+        self.add_pod_on(NODE, att, annotations, owner);
+    }
+
+    fn add_pod_on(
+        &self,
+        node: &str,
+        att: &mut Attachment,
+        annotations: Value,
+        owner: Option<(&str, &str)>,
+    ) {
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": att.namespace, "name": att.name, "uid": att.uid,
+                         "labels": {"app": "web"}, "annotations": annotations},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+        });
+        if let Some((kind, name)) = owner {
+            pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": kind,
+                "name": name, "uid": "owner-uid", "controller": true}]);
+        }
+        let stored = self.server.insert("pods", pod);
+        att.uid = stored["metadata"]["uid"]
+            .as_str()
+            .expect("a UID")
+            .to_string();
+    }
+
+    fn object(&self, plural: &str, name: &str) -> Option<Value> {
+        self.server
+            .objects(plural)
+            .into_iter()
+            .find(|o| o["metadata"]["name"] == name)
+    }
+}
+
+fn pool(name: &str, subnet: &str, gateway: &str, ips: &str, default: bool) -> Value {
+    json!({
+        "apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": name},
+        "spec": {"subnet": subnet, "gateway": gateway, "ips": [ips], "default": default},
+    })
+}
+
+fn two_pools() -> Vec<Value> {
+    vec![
+        pool(
+            "plain",
+            "10.97.0.0/24",
+            "10.97.0.1",
+            "10.97.0.10-10.97.0.19",
+            true,
+        ),
+        pool(
+            "annotated",
+            "10.97.1.0/24",
+            "10.97.1.1",
+            "10.97.1.10-10.97.1.19",
+            false,
+        ),
+    ]
+}
+
+fn lab(test: &str, cluster: &Cluster, flags: &[(&str, &str)]) -> Option<Lab> {
+    Lab::on_cluster(test, &cluster.kubeconfig, NODE, flags)
+}
+
+/// The pod's annotation (which the plugin never sees) picks the pool, its ReplicaSet resolves
+/// to its Deployment, the Endpoint records it all, and DEL undoes it.
+#[test]
+fn a_pod_is_served_from_what_the_cluster_says_about_it() {
+    let cluster = Cluster::new(&two_pools());
+    let Some(lab) = lab(
+        "a_pod_is_served_from_what_the_cluster_says_about_it",
+        &cluster,
+        &[],
+    ) else {
+        return;
+    };
+    cluster.server.insert(
+        "replicasets",
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+               "metadata": {"namespace": "default", "name": "web-5d8f",
+                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                      "uid": "d", "controller": true}]},
+               "spec": {"selector": {}}}),
+    );
+    let mut att = Attachment::new("web-5d8f-x2x");
+    cluster.add_pod(
+        &mut att,
+        json!({"ipam.allot.dev/ippool": "{\"ipv4\": [\"annotated\"]}"}),
+        Some(("ReplicaSet", "web-5d8f")),
+    );
+    // The network's own default is `plain`; the pod's annotation wins.
+    let conf = lab.bridge_conf(&["plain"], &[]);
+    let add = lab.bridge_add(&att, &conf);
+    let ip = add.ip();
+    assert!(
+        in_range(addr_of(&ip), "10.97.1.10", "10.97.1.19"),
+        "{ip} is not from the annotated pool:\n{add}"
+    );
+    assert_eq!(att.addrs(), vec![ip.clone()]);
+
+    lab.eventually("the pod's Endpoint", Duration::from_secs(10), || {
+        cluster.object("endpoints", &att.name).is_some()
+    });
+    let endpoint = cluster.object("endpoints", &att.name).unwrap();
+    assert_eq!(endpoint["spec"]["uid"], att.uid.as_str());
+    assert_eq!(endpoint["spec"]["node"], NODE);
+    assert_eq!(
+        endpoint["spec"]["owner"],
+        json!({"kind": "Deployment", "name": "web"})
+    );
+    assert_eq!(endpoint["spec"]["interfaces"][0]["ifname"], "eth0");
+    assert_eq!(endpoint["spec"]["interfaces"][0]["ipv4"], ip.as_str());
+    assert_eq!(
+        endpoint["spec"]["interfaces"][0]["pools"],
+        json!(["annotated"])
+    );
+    let owners = &endpoint["metadata"]["ownerReferences"];
+    assert_eq!(owners[0]["kind"], "Pod");
+    assert_eq!(owners[0]["uid"], att.uid.as_str());
+
+    // The claim is in an IPBlock of the pool, with the resolved owner.
+    let address = addr_of(&ip).to_string();
+    let claim = cluster
+        .server
+        .objects("ipblocks")
+        .into_iter()
+        .find_map(|b| b["spec"]["claims"].get(&address).cloned())
+        .expect("the claim is in an IPBlock");
+    assert_eq!(claim["pool"], "annotated");
+    assert_eq!(claim["ownerKind"], "Deployment");
+    assert_eq!(claim["pod"], att.name.as_str());
+    // Found in the watch cache: no per-ADD read of the pod, its namespace, node or owner.
+    for plural in ["pods", "namespaces", "nodes", "replicasets"] {
+        assert_eq!(cluster.server.requests("get", plural), 0, "GET {plural}");
+    }
+
+    lab.cni("bridge", "DEL", &att, &conf).expect_ok();
+    lab.eventually(
+        "the Endpoint goes with the DEL",
+        Duration::from_secs(10),
+        || cluster.object("endpoints", &att.name).is_none(),
+    );
+    let (_, free) = lab.agent.pool_counts("annotated");
+    assert_eq!(free, 10, "the address is free again");
+    assert!(
+        cluster
+            .server
+            .objects("ipblocks")
+            .iter()
+            .all(|b| b["spec"]["claims"].get(&address).is_none()),
+        "the claim is gone from its IPBlock"
+    );
+}
+
+/// A pod the watch has not delivered (the runtime was faster) is read from the API once, after
+/// a bounded wait; its ReplicaSet, unknown to the API, stands as its owner.
+#[test]
+fn a_pod_not_yet_in_the_cache_is_read_from_the_api_once() {
+    let cluster = Cluster::new(&two_pools());
+    let Some(lab) = lab(
+        "a_pod_not_yet_in_the_cache_is_read_from_the_api_once",
+        &cluster,
+        &[("--pod-wait-ms", "200")],
+    ) else {
+        return;
+    };
+    // Once the agent watches pods, its watch delivers nothing more.
+    lab.eventually("the agent watches pods", Duration::from_secs(10), || {
+        cluster.server.requests("watch", "pods") > 0
+    });
+    cluster
+        .server
+        .delay("watch", "pods", Duration::from_secs(3600));
+    cluster.server.close_watches();
+    let mut att = Attachment::new("late");
+    cluster.add_pod(&mut att, json!({}), Some(("ReplicaSet", "late-rs")));
+    let conf = lab.bridge_conf(&["plain"], &[]);
+    let ip = lab.bridge_add(&att, &conf).ip();
+    assert!(in_range(addr_of(&ip), "10.97.0.10", "10.97.0.19"), "{ip}");
+    for plural in ["pods", "replicasets"] {
+        assert_eq!(
+            cluster.server.requests("get", plural),
+            1,
+            "GET {plural}; agent log:\n{}",
+            lab.agent.log()
+        );
+    }
+    lab.eventually("the Endpoint", Duration::from_secs(10), || {
+        cluster
+            .object("endpoints", "late")
+            .is_some_and(|e| e["spec"]["owner"] == json!({"kind": "ReplicaSet", "name": "late-rs"}))
+    });
+
+    // A pod the API does not know either: the ADD fails with try-again, nothing is claimed.
+    let ghost = Attachment::new("ghost");
+    let out = lab.cni("bridge", "ADD", &ghost, &conf);
+    assert!(!out.success(), "{out}");
+    assert_eq!(out.code(), Some(11), "{out}");
+    assert!(out.msg().contains("ghost"), "{out}");
+    let (_, free) = lab.agent.pool_counts("plain");
+    assert_eq!(free, 9, "only `late` holds an address");
+}
+
+/// A malformed Multus annotation is the pod's error, said as such.
+#[test]
+fn a_malformed_networks_annotation_fails_the_add_with_the_reason() {
+    let cluster = Cluster::new(&two_pools());
+    let Some(lab) = lab(
+        "a_malformed_networks_annotation_fails_the_add_with_the_reason",
+        &cluster,
+        &[],
+    ) else {
+        return;
+    };
+    let mut att = Attachment::new("bad-nets");
+    cluster.add_pod(
+        &mut att,
+        json!({"k8s.v1.cni.cncf.io/networks": "[{\"interface\": \"net1\"}"}),
+        None,
+    );
+    let out = lab.cni("bridge", "ADD", &att, &lab.bridge_conf(&["plain"], &[]));
+    assert!(!out.success(), "{out}");
+    assert!(out.msg().contains("k8s.v1.cni.cncf.io/networks"), "{out}");
+    assert_eq!(lab.agent.pool_counts("plain").1, 10);
+}
+
+/// The Policy object decides which component serves: a good one is swapped in and named in
+/// the status; one with the wrong digest is refused, the good one keeps serving, and the
+/// status and an Event say why.
+#[test]
+fn the_agent_follows_the_policy_object_and_refuses_a_bad_component() {
+    let wasm = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/wasm-policies/wasm32-wasip2/release/zone_aware.wasm");
+    assert!(
+        wasm.exists(),
+        "{} is missing: build the test policies with `make policies`",
+        wasm.display()
+    );
+    let digest = sha256_of(&wasm);
+    let cluster = Cluster::new(&two_pools());
+    let Some(lab) = lab(
+        "the_agent_follows_the_policy_object_and_refuses_a_bad_component",
+        &cluster,
+        &[],
+    ) else {
+        return;
+    };
+    let policy = |sha: &str| {
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Policy",
+               "metadata": {"name": "default"},
+               "spec": {"source": {"file": wasm.to_str().unwrap()}, "sha256": sha,
+                        "onFailure": "fail"}})
+    };
+    cluster.server.insert("policies", policy(&digest));
+    lab.eventually(
+        "the Policy's status names the served digest",
+        Duration::from_secs(30),
+        || {
+            cluster
+                .object("policies", "default")
+                .is_some_and(|p| p["status"]["servingDigest"] == digest.as_str())
+        },
+    );
+
+    // Pods are still served (the zone-aware example falls back to the default order).
+    let mut att = Attachment::new("after-swap");
+    cluster.add_pod(&mut att, json!({}), None);
+    let conf = lab.bridge_conf(&["plain"], &[]);
+    lab.bridge_add(&att, &conf);
+
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let mut edited = cluster.object("policies", "default").unwrap();
+    edited["spec"]["sha256"] = json!(wrong);
+    cluster.server.edit("policies", edited);
+    lab.eventually("the refusal in the status", Duration::from_secs(30), || {
+        cluster.object("policies", "default").is_some_and(|p| {
+            p["status"]["refusedReason"]
+                .as_str()
+                .is_some_and(|r| r.contains(&wrong[7..]))
+        })
+    });
+    let status = cluster.object("policies", "default").unwrap()["status"].clone();
+    assert_eq!(status["servingDigest"], digest.as_str(), "{status}");
+    let events = cluster.server.objects("events");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["reason"] == "PolicyRefused" && e["regarding"]["name"] == "default"),
+        "{events:?}"
+    );
+    let mut other = Attachment::new("after-refusal");
+    cluster.add_pod(&mut other, json!({}), None);
+    lab.bridge_add(&other, &conf);
+}
+
+/// A StatefulSet pod deleted and recreated on another node before the first node's DEL ran
+/// (Spiderpool's issue 1187): the new pod gets the same address and no duplicate exists; the
+/// first node's late DEL takes nothing away from it.
+#[test]
+fn a_statefulset_pod_recreated_on_another_node_keeps_its_address() {
+    const NODE_B: &str = "node-e2e-b";
+    let cluster = Cluster::new(&two_pools());
+    cluster.server.insert(
+        "nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_B}}),
+    );
+    cluster.server.insert(
+        "statefulsets",
+        json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+               "metadata": {"namespace": "default", "name": "web"},
+               "spec": {"replicas": 3, "serviceName": "web", "selector": {},
+                        "template": {"spec": {"containers": []}}}}),
+    );
+    let Some(lab) = lab(
+        "a_statefulset_pod_recreated_on_another_node_keeps_its_address",
+        &cluster,
+        &[],
+    ) else {
+        return;
+    };
+    let node_b = Agent::start_on_cluster(&cluster.kubeconfig, NODE_B, &[]);
+    let owner = Some(("StatefulSet", "web"));
+    let mut old = Attachment::new("web-0");
+    cluster.add_pod(&mut old, json!({}), owner);
+    let conf_a = lab.bridge_conf(&["plain"], &[]);
+    let ip = lab.bridge_add(&old, &conf_a).ip();
+
+    // Node B has seen the claim (a pod is recreated seconds later, its watch lags by
+    // milliseconds); the pod object is deleted and created again, on node B.
+    lab.eventually("node B sees web-0's claim", Duration::from_secs(10), || {
+        node_b.pool_counts("plain").1 == 9
+    });
+    assert!(
+        cluster
+            .server
+            .remove("v1", "pods", Some("default"), "web-0")
+    );
+    let mut new = Attachment::new("web-0");
+    cluster.add_pod_on(NODE_B, &mut new, json!({}), owner);
+    let conf_b = lab.bridge_conf_via(&node_b.socket(), &["plain"], &[]);
+    let add = lab.bridge_add(&new, &conf_b);
+    assert_eq!(add.ip(), ip, "web-0 got another address on node B:\n{add}");
+
+    // Node A's DEL of the old sandbox comes late.
+    lab.cni("bridge", "DEL", &old, &conf_a).expect_ok();
+    let address = addr_of(&ip).to_string();
+    let holders: Vec<Value> = cluster
+        .server
+        .objects("ipblocks")
+        .into_iter()
+        .filter_map(|b| b["spec"]["claims"].get(&address).cloned())
+        .collect();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(holders[0]["containerId"], new.container_id.as_str());
+    lab.eventually(
+        "both nodes see one address held",
+        Duration::from_secs(10),
+        || lab.agent.pool_counts("plain").1 == 9 && node_b.pool_counts("plain").1 == 9,
+    );
+}
+
+/// `sha256:` and the hex digest of a file, as a Policy spells it.
+fn sha256_of(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    let text = String::from_utf8(out.stdout).unwrap();
+    format!(
+        "sha256:{}",
+        text.split_whitespace().next().expect("a digest")
+    )
+}
