@@ -70,7 +70,17 @@ impl IndexResource<Pod> for Index {
     }
 
     fn delete(&mut self, pod: Pod) {
-        self.pods.remove(&names(&pod.metadata));
+        // A deletion names the object it deleted: a later pod of the same name (a
+        // StatefulSet's, already applied) stays.
+        let key = names(&pod.metadata);
+        let uid = pod.metadata.uid.unwrap_or_default();
+        if self
+            .pods
+            .get(&key)
+            .is_some_and(|p| uid.is_empty() || p.uid == uid)
+        {
+            self.pods.remove(&key);
+        }
     }
 
     fn reset(&mut self, pods: Vec<Pod>) {

@@ -251,6 +251,18 @@ fn a_relist_drops_pods_deleted_while_the_watch_was_down() {
 }
 
 #[test]
+fn a_late_deletion_of_an_earlier_pod_of_the_name_leaves_the_new_one() {
+    let mut i = listed();
+    let mut old = pod("web", "db-0", NODE, Some(("StatefulSet", "db")));
+    old.metadata.uid = Some("uid-old".into());
+    i.apply(pod("web", "db-0", NODE, Some(("StatefulSet", "db"))));
+    i.delete(old);
+    assert_eq!(i.pod("web", "db-0").unwrap().uid, "uid-db-0");
+    i.delete(pod("web", "db-0", NODE, None));
+    assert!(i.pod("web", "db-0").is_none());
+}
+
+#[test]
 fn each_interface_gets_its_multus_network() {
     let mut i = listed();
     let mut p = pod("web", "p", NODE, None);

@@ -198,18 +198,14 @@ impl PolicyFollower {
         outcome: Result<String, Refusal>,
     ) {
         let name = &self.name;
+        // Every agent writes the same status; only refusals become Events (one per node),
+        // so that a rollout to a thousand nodes does not add a thousand Normal events.
         let (status, event) = match &outcome {
             Ok(digest) => {
                 tracing::info!(policy = %name, %digest, "serving the Policy's component");
                 (
                     json!({"servingDigest": digest, "refusedDigest": null, "refusedReason": null}),
-                    Event {
-                        type_: EventType::Normal,
-                        reason: "PolicyServing".into(),
-                        note: Some(format!("node {} serves {digest}", self.node)),
-                        action: "LoadPolicy".into(),
-                        secondary: None,
-                    },
+                    None,
                 )
             }
             Err(refusal) => {
@@ -221,7 +217,7 @@ impl PolicyFollower {
                 tracing::error!(policy = %name, reason = %refusal.reason, %serving, "refused the Policy's component; the serving one stays");
                 (
                     json!({"refusedDigest": refusal.digest, "refusedReason": refusal.reason}),
-                    Event {
+                    Some(Event {
                         type_: EventType::Warning,
                         reason: "PolicyRefused".into(),
                         note: Some(truncate(&format!(
@@ -230,7 +226,7 @@ impl PolicyFollower {
                         ))),
                         action: "LoadPolicy".into(),
                         secondary: None,
-                    },
+                    }),
                 )
             }
         };
@@ -241,6 +237,9 @@ impl PolicyFollower {
         {
             tracing::warn!(policy = %name, "cannot write the Policy's status: {e}");
         }
+        let Some(event) = event else {
+            return;
+        };
         let reference = ObjectReference {
             api_version: Some(format!("{}/{}", allot_k8s::GROUP, allot_k8s::VERSION)),
             kind: Some("Policy".into()),
