@@ -63,6 +63,8 @@ pub const MAX_ATTEMPTS: usize = 16;
 
 /// Budget of one API request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Blocks per page of a list (the API server's and kube-rs's customary page size).
+pub const LIST_PAGE: u32 = 500;
 
 /// How to reach the API server, and who this store writes for.
 #[derive(Clone, Debug, Default)]

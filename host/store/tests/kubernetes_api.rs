@@ -179,6 +179,47 @@ fn scripted<T: Send + 'static>(
     (caller.join().expect("the call panicked"), verifier)
 }
 
+/// A large list comes in pages (`limit`, then `continue`), all read before the store opens,
+/// and every page's blocks are in the mirror.
+#[test]
+fn the_blocks_are_listed_in_pages() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let served = rt.spawn(async move {
+        let mut handle = handle;
+        let mut queries = Vec::new();
+        for page in 0..2 {
+            let (request, send) = handle.next_request().await.expect("a list");
+            queries.push(request.uri().query().unwrap_or_default().to_string());
+            let mut second = block(12, &[("10.0.0.70", "c2")]);
+            second["metadata"]["name"] = json!("v4-10-0-0-64-26");
+            second["spec"]["cidr"] = json!("10.0.0.64/26");
+            let body = if page == 0 {
+                let mut l = list(12, vec![block(11, &[("10.0.0.7", "c1")])]);
+                l["metadata"]["continue"] = json!("page-2");
+                l
+            } else {
+                list(12, vec![second])
+            };
+            answer(send, 200, body);
+        }
+        (queries, handle)
+    });
+    let store = KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
+        Ok(kube::Client::new(service, "default"))
+    })
+    .expect("open");
+    let (queries, _handle) = rt.block_on(served).unwrap();
+    assert!(queries[0].contains("limit=500"), "{queries:?}");
+    assert!(queries[1].contains("continue=page-2"), "{queries:?}");
+    let addresses: Vec<IpAddr> = store.all().unwrap().iter().map(|c| c.address).collect();
+    assert_eq!(addresses, [ip("10.0.0.7"), ip("10.0.0.70")]);
+}
+
 #[test]
 fn a_claim_in_a_new_block_creates_it_with_the_claim() {
     let (store, v, rt) = open(list(10, vec![]), Duration::from_secs(5));

@@ -9,7 +9,7 @@ use allot_core::store::{Attachment, Claim, Reattach, StoreError, unchanged};
 use kube::api::PostParams;
 
 use super::mirror::Block;
-use super::{Inner, MAX_ATTEMPTS, attempt, request};
+use super::{Inner, LIST_PAGE, MAX_ATTEMPTS, attempt, request};
 
 /// What an edit of a block decided.
 pub(super) enum Edit<T> {
@@ -45,14 +45,24 @@ impl Inner {
 
     /// Lists every block into the mirror; returns the list's resourceVersion to watch from.
     pub(super) async fn relist(&self) -> Result<String, StoreError> {
-        self.count();
-        let list = request(
-            "listing IPBlocks",
-            self.api.list(&kube::api::ListParams::default()),
-        )
-        .await?;
-        let rv = list.metadata.resource_version.clone().unwrap_or_default();
-        let blocks = list.items.iter().map(Block::from_object).collect();
+        // In pages, as the API server prefers for large lists: each page is turned into the
+        // mirror's blocks and dropped before the next is read, and all pages are one snapshot
+        // (the first page's resourceVersion). An expired continue token fails the relist,
+        // which the follower retries from the start.
+        let mut params = kube::api::ListParams::default().limit(LIST_PAGE);
+        let mut blocks = Vec::new();
+        let mut rv = None;
+        loop {
+            self.count();
+            let page = request("listing IPBlocks", self.api.list(&params)).await?;
+            rv.get_or_insert_with(|| page.metadata.resource_version.clone().unwrap_or_default());
+            blocks.extend(page.items.iter().map(Block::from_object));
+            match page.metadata.continue_.filter(|t| !t.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
+        }
+        let rv = rv.unwrap_or_default();
         self.mirror.reset(blocks, &rv, self.now());
         Ok(rv)
     }
