@@ -65,6 +65,9 @@ impl ConfigState {
 
 pub type SharedConfig = Mutex<ConfigState>;
 
+/// How a cluster-mode reload before the first lists of pools says why it installed nothing.
+const WAITING_FOR_LISTS: &str = "waiting for the first list of";
+
 /// Where pools, subnets and reserved addresses come from.
 #[derive(Clone)]
 pub enum Source {
@@ -115,7 +118,7 @@ impl Source {
                         .map(|k| k.as_str())
                         .collect();
                     format!(
-                        "waiting for the first list of {} from the Kubernetes API",
+                        "{WAITING_FOR_LISTS} {} from the Kubernetes API",
                         waiting.join(", ")
                     )
                 })
@@ -131,6 +134,7 @@ fn lock(config: &SharedConfig) -> std::sync::MutexGuard<'_, ConfigState> {
 /// Reads the directory, decides what is in force (never more allocatable addresses than before
 /// because of an invalid object), and installs it. Blocking: call off the async threads.
 pub fn reload(shared: &Shared, source: &Source) {
+    let first_load = !shared.engine.is_loaded();
     let result = (|| -> Result<(), String> {
         let observation = source.load()?;
         let previous = lock(&shared.config).in_force.clone();
@@ -168,12 +172,23 @@ pub fn reload(shared: &Shared, source: &Source) {
     if let Err(why) = result {
         let mut config = lock(&shared.config);
         if config.failure.as_deref() != Some(why.as_str()) {
-            tracing::error!("reload failed, keeping the configuration in force: {why}");
+            if why.starts_with(WAITING_FOR_LISTS) {
+                // Cluster mode starting: not a failure yet.
+                tracing::info!("{why}");
+            } else {
+                tracing::error!("reload failed, keeping the configuration in force: {why}");
+            }
         }
         config.failure = Some(why);
     }
     let config = lock(&shared.config);
     shared.metrics.set_config(&config);
+    if first_load && shared.engine.is_loaded() {
+        // The first load read every claim (the store's list, the engine's snapshot): hand the
+        // freed pages of those transient copies back to the system, or the resident set keeps
+        // them for good.
+        crate::memory::release_free_pages();
+    }
 }
 
 /// Pools that hold claims: they win overlaps. Before the first load the engine knows no pools,
@@ -224,6 +239,8 @@ pub async fn run(shared: Arc<Shared>, source: Source, journal: PathBuf, every: D
             }
             crate::journal::replay(&s, &journal);
             if expire {
+                // Resyncs read every claim again; give their transient copies back.
+                crate::memory::release_free_pages();
                 match s.engine.expire_kept() {
                     Ok(released) => {
                         s.metrics.releases.inc_by(released.len() as u64);

@@ -5,6 +5,7 @@ mod args;
 mod cluster;
 mod inventory;
 mod journal;
+mod memory;
 mod metrics;
 mod server;
 mod standalone;

@@ -49,16 +49,50 @@ pub(crate) fn list(
     let labels = LabelSelector::parse(query.get("labelSelector")).map_err(bad)?;
     let fields = FieldSelector::parse(query.get("fieldSelector")).map_err(bad)?;
     let resource = target.resource();
-    let items: Vec<Value> = st
+    // Pages: `limit` items at a time, in key order; `continue` carries the first page's
+    // resourceVersion and the last key served. (A real API server serves every page from the
+    // first page's snapshot; this one serves the objects as they are now, which a client that
+    // watches from the reported version cannot tell apart.)
+    let limit: Option<usize> = match query.get("limit") {
+        Some(l) => Some(
+            l.parse()
+                .map_err(|_| bad(format!("limit {l:?} is not a number")))?,
+        )
+        .filter(|l| *l > 0),
+        None => None,
+    };
+    let (revision, after) = match query.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => {
+            let (rv, key) = token
+                .split_once(':')
+                .ok_or_else(|| bad(format!("continue token {token:?} is not this server's")))?;
+            let (ns, name) = key.split_once('/').unwrap_or(("", key));
+            (rv.to_string(), Some((ns.to_string(), name.to_string())))
+        }
+        None => (st.revision.to_string(), None),
+    };
+    let mut matching = st
         .objects
         .iter()
         .filter(|((r, ns, _), _)| {
             *r == resource && target.namespace.as_ref().is_none_or(|n| n == ns)
         })
-        .map(|(_, o)| o)
-        .filter(|o| labels.matches(o) && fields.matches(o))
-        .cloned()
-        .collect();
+        .filter(|((_, ns, name), _)| {
+            after
+                .as_ref()
+                .is_none_or(|(a_ns, a_name)| (ns, name) > (a_ns, a_name))
+        })
+        .filter(|(_, o)| labels.matches(o) && fields.matches(o));
+    let mut items = Vec::new();
+    let mut next = None;
+    for ((_, ns, name), o) in matching.by_ref() {
+        if limit.is_some_and(|l| items.len() == l) {
+            next = Some(format!("{revision}:{}", items_last_key(&items)));
+            break;
+        }
+        items.push((format!("{ns}/{name}"), o.clone()));
+    }
+    let items: Vec<Value> = items.into_iter().map(|(_, o)| o).collect();
     let kind = items
         .first()
         .and_then(|o| o["kind"].as_str())
@@ -72,9 +106,16 @@ pub(crate) fn list(
     Ok(json!({
         "apiVersion": api_version,
         "kind": kind,
-        "metadata": {"resourceVersion": st.revision.to_string()},
+        "metadata": match next {
+            Some(token) => json!({"resourceVersion": revision, "continue": token}),
+            None => json!({"resourceVersion": revision}),
+        },
         "items": items,
     }))
+}
+
+fn items_last_key(items: &[(String, Value)]) -> &str {
+    items.last().map(|(k, _)| k.as_str()).unwrap_or_default()
 }
 
 impl State {

@@ -38,3 +38,43 @@ async fn a_client_from_the_kubeconfig_creates_reads_and_loses_a_stale_update() {
     }
     assert_eq!(server.requests("update", "configmaps"), 2);
 }
+
+/// Lists come in pages when asked (`limit`, `continue`), in name order, as kube's watcher and
+/// the Kubernetes store ask for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn lists_come_in_pages() {
+    let server = ApiServer::new();
+    for ns in ["a", "a-b"] {
+        for name in ["m1", "m2", "m3"] {
+            server.insert(
+                "configmaps",
+                serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                                   "metadata": {"namespace": ns, "name": name}}),
+            );
+        }
+    }
+    let maps: Api<ConfigMap> = Api::all(server.client());
+    let mut params = kube::api::ListParams::default().limit(4);
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    let mut versions = Vec::new();
+    loop {
+        let page = maps.list(&params).await.unwrap();
+        pages += 1;
+        versions.push(page.metadata.resource_version.clone());
+        seen.extend(page.items.iter().map(|m| {
+            format!(
+                "{}/{}",
+                m.metadata.namespace.as_deref().unwrap(),
+                m.metadata.name.as_deref().unwrap()
+            )
+        }));
+        match page.metadata.continue_ {
+            Some(t) if !t.is_empty() => params = params.continue_token(&t),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, 2);
+    assert_eq!(seen, ["a/m1", "a/m2", "a/m3", "a-b/m1", "a-b/m2", "a-b/m3"]);
+    assert_eq!(versions[0], versions[1], "one snapshot's version");
+}
