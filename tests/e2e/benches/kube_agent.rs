@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use allot_e2e::Agent;
 use allot_test_apiserver::ApiServer;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, json};
 
 const NODE: &str = "node-bench";
 
