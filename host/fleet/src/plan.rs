@@ -1,0 +1,212 @@
+//! A whole fleet's allocations computed offline (`allotctl fleet plan`): the same decision per
+//! cluster and pool as the controller makes against the API, in a deterministic order (pools by
+//! name, datacenters by name, clusters by namespace), so a platform team can see what the
+//! controller would hand out before installing it.
+
+use std::collections::BTreeMap;
+
+use allot_core::fleet::{Allocation, check_allocation};
+use allot_k8s::{IPAMAllocation, IPAMPool};
+
+use crate::decide::{Change, Current, FleetCluster, Refusal, decide, in_datacenter, records};
+
+/// What the plan says for one cluster and one pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub pool: String,
+    pub namespace: String,
+    pub cluster: String,
+    pub dc: String,
+    pub outcome: Result<(Allocation, Change), Refusal>,
+}
+
+/// An allocation the controller would release: its cluster is not among the clusters, or the
+/// pool no longer serves the cluster's datacenter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Release {
+    pub pool: String,
+    pub namespace: String,
+    pub dc: String,
+    pub allocation: Allocation,
+    pub why: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// By pool name, then namespace.
+    pub entries: Vec<Entry>,
+    pub releases: Vec<Release>,
+    /// Allocations already held that do not fit their pool (they are kept; the webhook would
+    /// have refused them), and objects that could not be read.
+    pub warnings: Vec<String>,
+}
+
+impl Plan {
+    pub fn refused(&self) -> usize {
+        self.entries.iter().filter(|e| e.outcome.is_err()).count()
+    }
+}
+
+/// Plans every cluster against every pool. `existing` are IPAMAllocation objects to keep (each
+/// named after its pool, in its cluster's namespace): they count as held when the pool's status
+/// has no record for that namespace.
+pub fn plan(pools: &[IPAMPool], existing: &[IPAMAllocation], clusters: &[FleetCluster]) -> Plan {
+    let mut out = Plan::default();
+    let mut by_name: BTreeMap<String, &IPAMPool> = BTreeMap::new();
+    for pool in pools {
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        if by_name.insert(name.clone(), pool).is_some() {
+            out.warnings.push(format!(
+                "IPAMPool {name} is given twice: the later one is planned"
+            ));
+        }
+    }
+    let mut clusters: Vec<&FleetCluster> = clusters.iter().collect();
+    clusters.sort();
+    // Requests naming a pool that does not exist.
+    for c in &clusters {
+        for pool in c.pools.iter().flatten() {
+            if !by_name.contains_key(pool) {
+                out.entries.push(Entry {
+                    pool: pool.clone(),
+                    namespace: c.namespace.clone(),
+                    cluster: c.name.clone(),
+                    dc: c.datacenter.clone(),
+                    outcome: Err(Refusal::NoPool { pool: pool.clone() }),
+                });
+            }
+        }
+    }
+    for (name, pool) in by_name {
+        plan_pool(&mut out, &name, pool, existing, &clusters);
+    }
+    out.entries
+        .sort_by(|a, b| (&a.pool, &a.namespace).cmp(&(&b.pool, &b.namespace)));
+    out
+}
+
+fn plan_pool(
+    out: &mut Plan,
+    name: &str,
+    pool: &IPAMPool,
+    existing: &[IPAMAllocation],
+    clusters: &[&FleetCluster],
+) {
+    let recorded = pool
+        .status
+        .as_ref()
+        .map(|s| s.allocations.clone())
+        .unwrap_or_default();
+    let mut held = match records(name, &recorded) {
+        Ok(held) => held,
+        Err(e) => {
+            out.warnings.push(format!("{e}; the pool is not planned"));
+            return;
+        }
+    };
+    // IPAMAllocations the pool has no record of: adopted if they fit (checked per cluster).
+    let mut adopted: BTreeMap<String, (String, Allocation)> = BTreeMap::new();
+    for object in existing
+        .iter()
+        .filter(|o| o.metadata.name.as_deref() == Some(name))
+    {
+        let namespace = object.metadata.namespace.clone().unwrap_or_default();
+        if held.contains_key(&namespace) {
+            continue;
+        }
+        match object.spec.allocation() {
+            Ok(Some(a)) => {
+                adopted.insert(namespace, (object.spec.dc.clone(), a));
+            }
+            Ok(None) => {}
+            Err(e) => out.warnings.push(format!(
+                "IPAMAllocation {namespace}/{name}: {e}; it is ignored"
+            )),
+        }
+    }
+    // Releases: held by a namespace no cluster of the pool's datacenters is, or from a
+    // datacenter the pool no longer serves.
+    let asking = |ns: &str, dc: &str| {
+        clusters.iter().any(|c| {
+            c.namespace == ns
+                && c.datacenter == dc
+                && c.asks(name, pool.spec.datacenters.contains_key(&c.datacenter))
+        })
+    };
+    for (namespace, (dc, allocation)) in held.clone().into_iter().chain(adopted.clone()) {
+        let why = if !pool.spec.datacenters.contains_key(&dc) {
+            format!("the pool no longer serves datacenter {dc}")
+        } else if !asking(&namespace, &dc) {
+            format!("no cluster in namespace {namespace} of datacenter {dc} asks for it")
+        } else {
+            continue;
+        };
+        held.remove(&namespace);
+        adopted.remove(&namespace);
+        out.releases.push(Release {
+            pool: name.to_string(),
+            namespace,
+            dc,
+            allocation,
+            why,
+        });
+    }
+    for (dc, entry) in &pool.spec.datacenters {
+        let mut existing = in_datacenter(&held, dc);
+        if let Ok(checked) = allot_core::fleet::FleetPool::try_from(entry) {
+            for (ns, a) in &existing {
+                for problem in check_allocation(&checked, &existing, ns, a) {
+                    out.warnings.push(format!(
+                        "IPAMPool {name} datacenter {dc}: the allocation of {ns} ({a}): {problem}"
+                    ));
+                }
+            }
+        }
+        // Clusters holding an allocation the pool has no record of come first, so that
+        // nobody new is handed their addresses before they are adopted.
+        let mut asking: Vec<&&FleetCluster> = clusters
+            .iter()
+            .filter(|c| c.datacenter == *dc && c.asks(name, true))
+            .collect();
+        asking.sort_by_key(|c| !adopted.contains_key(&c.namespace));
+        for cluster in asking {
+            let ns = &cluster.namespace;
+            let recorded = held.get(ns).map(|(_, a)| a.clone());
+            let taken = adopted.get(ns).map(|(_, a)| a.clone());
+            let current = match (&recorded, &taken) {
+                (Some(a), _) => Current::Recorded(a),
+                (None, Some(a)) => Current::Adopted(a),
+                (None, None) => Current::None,
+            };
+            let outcome = decide(name, dc, entry, &existing, ns, current);
+            if let Ok((allocation, _)) = &outcome {
+                existing.retain(|(n, _)| n != ns);
+                existing.push((ns.clone(), allocation.clone()));
+            }
+            out.entries.push(Entry {
+                pool: name.to_string(),
+                namespace: ns.clone(),
+                cluster: cluster.name.clone(),
+                dc: dc.clone(),
+                outcome,
+            });
+        }
+    }
+    // Requests from a datacenter the pool has no entry for.
+    for cluster in clusters
+        .iter()
+        .filter(|c| c.pools.is_some() && c.asks(name, false))
+        .filter(|c| !pool.spec.datacenters.contains_key(&c.datacenter))
+    {
+        out.entries.push(Entry {
+            pool: name.to_string(),
+            namespace: cluster.namespace.clone(),
+            cluster: cluster.name.clone(),
+            dc: cluster.datacenter.clone(),
+            outcome: Err(Refusal::NoDatacenter {
+                pool: name.to_string(),
+                dc: cluster.datacenter.clone(),
+            }),
+        });
+    }
+}
