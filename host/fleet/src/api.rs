@@ -195,7 +195,8 @@ pub async fn allocate(
             }
         }
         let version = pool.status.as_ref().map_or(0, |s| s.record_version);
-        return project(client, pool_name, cluster, &decided, version).await;
+        let uid = pool.metadata.uid.clone();
+        return project(client, pool_name, cluster, &decided, (version, uid)).await;
     }
     Err(FleetApiError::Contention {
         pool: pool_name.to_string(),
@@ -230,13 +231,14 @@ async fn swap(
     }
 }
 
-/// Writes the IPAMAllocation and the ConfigMap key from the record of version `version`.
+/// Writes the IPAMAllocation and the ConfigMap key from the record of `version` (the record
+/// version and the pool's uid).
 async fn project(
     client: &Client,
     pool_name: &str,
     cluster: &FleetCluster,
     allocation: &Allocation,
-    version: u64,
+    (version, pool_uid): (u64, Option<String>),
 ) -> Result<IPAMAllocation, FleetApiError> {
     let spec = IPAMAllocationSpec::recording(allocation, &cluster.datacenter);
     let status = IPAMAllocationStatus {
@@ -246,6 +248,7 @@ async fn project(
             allocation.len()
         )),
         record_version: Some(version),
+        pool_uid,
     };
     let written = upsert(client, pool_name, cluster, spec, status).await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &cluster.namespace);
@@ -288,8 +291,8 @@ async fn project(
 }
 
 /// Creates or replaces IPAMAllocation `namespace/pool_name` with `spec` and `status`, unless it
-/// already carries a newer record (`status.recordVersion`): a slow writer never puts back an
-/// allocation that a later record changed.
+/// already carries a newer record of the same pool (`status.recordVersion`, `status.poolUid`): a
+/// slow writer never puts back an allocation that a later record changed.
 async fn upsert(
     client: &Client,
     pool_name: &str,
@@ -304,10 +307,10 @@ async fn upsert(
         let existing = request(&what, objects.get_opt(pool_name)).await?;
         let mut object = match existing {
             Some(o) => {
-                let theirs = o.status.as_ref().and_then(|s| s.record_version);
-                if theirs > status.record_version
-                    || (o.spec == spec && o.status.as_ref() == Some(&status))
-                {
+                let newer = o.status.as_ref().is_some_and(|s| {
+                    s.pool_uid == status.pool_uid && s.record_version > status.record_version
+                });
+                if newer || (o.spec == spec && o.status.as_ref() == Some(&status)) {
                     return Ok(o);
                 }
                 o
@@ -476,7 +479,8 @@ pub struct SyncReport {
 /// One reconcile of IPAMPool `pool_name` against the clusters that exist now: releases the
 /// allocations of clusters that are gone or whose datacenter the pool no longer serves, adopts
 /// IPAMAllocations the pool has no record of (before anyone new is served, so nobody is handed
-/// their addresses), then allocates for every cluster that asks the pool, in namespace order.
+/// their addresses), then allocates for every cluster that asks the pool, in namespace order (a
+/// request from a datacenter the pool does not serve is refused in its status).
 pub async fn sync(
     client: &Client,
     pool_name: &str,
@@ -494,7 +498,7 @@ pub async fn sync(
     let serves = |dc: &str| pool.spec.datacenters.contains_key(dc);
     let mut asking: Vec<&FleetCluster> = clusters
         .iter()
-        .filter(|c| serves(&c.datacenter) && c.asks(pool_name, true))
+        .filter(|c| c.asks(pool_name, serves(&c.datacenter)))
         .collect();
     asking.sort();
     let recorded = pool.status.as_ref().map(|s| &s.allocations);

@@ -26,7 +26,8 @@ pub struct FleetCluster {
 }
 
 impl FleetCluster {
-    /// Whether the cluster asks `pool` (with an entry for datacenters `dcs`) for an allocation.
+    /// Whether the cluster asks `pool` for an allocation; `serves_datacenter`: the pool has an
+    /// entry for the cluster's datacenter.
     pub fn asks(&self, pool: &str, serves_datacenter: bool) -> bool {
         match &self.pools {
             None => serves_datacenter,

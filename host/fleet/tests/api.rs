@@ -446,14 +446,27 @@ async fn sync_releases_the_gone_adopts_the_migrated_and_serves_the_new() {
                "spec": {"type": "range", "dc": "dc1", "addresses": ["10.0.0.1-10.0.0.4"]}}),
     );
     let client = server.client();
+    let mut request = cluster("cluster-r", "dc9");
+    request.pools = Some(BTreeSet::from(["lb".to_string()]));
     let clusters = [
         cluster("cluster-new", "dc1"),
         cluster("cluster-legacy", "dc1"),
         cluster("cluster-b", "dc2"),
         cluster("cluster-elsewhere", "dc9"),
+        request,
     ];
-    let report = sync(&client, "lb", &clusters).await.unwrap();
+    let mut report = sync(&client, "lb", &clusters).await.unwrap();
     assert_eq!(report.released, ["cluster-gone", "cluster-moved"]);
+    // A request from a datacenter the pool does not serve is told so; a Cluster there is not
+    // the pool's business.
+    let refused = report.allocated.remove("cluster-r").unwrap().unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("IPAMPool lb has no entry for datacenter dc9"),
+        "{refused}"
+    );
+    assert!(!report.allocated.contains_key("cluster-elsewhere"));
     let got: BTreeMap<&str, String> = report
         .allocated
         .iter()
@@ -477,4 +490,40 @@ async fn sync_releases_the_gone_adopts_the_migrated_and_serves_the_new() {
     let again = sync(&client, "lb", &clusters).await.unwrap();
     assert!(again.released.is_empty());
     assert_eq!(server.requests("update", "ipampools"), writes);
+}
+
+#[tokio::test]
+async fn a_pool_created_again_rewrites_what_its_predecessor_wrote() {
+    let server = ApiServer::new();
+    let range = |n: u64| {
+        pool_object(
+            "lb",
+            json!({"dc1": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": n}}),
+        )
+    };
+    server.insert("ipampools", range(4));
+    let client = server.client();
+    for ns in ["cluster-b", "cluster-c", "cluster-a"] {
+        allocate(&client, "lb", &cluster(ns, "dc1")).await.unwrap();
+    }
+    // Deleted and created again, larger: its record versions start over, and the
+    // IPAMAllocation the old pool wrote at version 3 must not win over the new pool's version 1.
+    Api::<IPAMPool>::all(client.clone())
+        .delete("lb", &Default::default())
+        .await
+        .unwrap();
+    server.insert("ipampools", range(6));
+    let a = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        a.spec.addresses,
+        ["10.0.0.9-10.0.0.12", "10.0.0.1-10.0.0.2"]
+    );
+    let stored: IPAMAllocation = Api::namespaced(client.clone(), "cluster-a")
+        .get("lb")
+        .await
+        .unwrap();
+    assert_eq!(stored.spec, a.spec);
+    assert_eq!(stored.status.unwrap().record_version, Some(1));
 }

@@ -169,6 +169,9 @@ pub struct IPAMAllocationStatus {
     /// The pool record (`IPAMPool.status.recordVersion`) the spec was written from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record_version: Option<u64>,
+    /// The uid of that IPAMPool (record versions of a pool deleted and created again start over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_uid: Option<String>,
 }
 
 /// An optional enum's schema lists `null` among its values; `nullable: true` already admits it,
