@@ -3,9 +3,12 @@
 //! name, datacenters by name, clusters by namespace), so a platform team can see what the
 //! controller would hand out before installing it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
-use allot_core::fleet::{Allocation, check_allocation};
+use allot_core::IpFamily;
+use allot_core::addr::{addr_to_u128, u128_to_addr};
+use allot_core::fleet::{Allocation, FleetPool, check_allocation};
 use allot_k8s::{IPAMAllocation, IPAMPool};
 
 use crate::decide::{Change, Current, FleetCluster, Refusal, decide, in_datacenter, records};
@@ -126,17 +129,15 @@ fn plan_pool(
     }
     // Releases: held by a namespace no cluster of the pool's datacenters is, or from a
     // datacenter the pool no longer serves.
-    let asking = |ns: &str, dc: &str| {
-        clusters.iter().any(|c| {
-            c.namespace == ns
-                && c.datacenter == dc
-                && c.asks(name, pool.spec.datacenters.contains_key(&c.datacenter))
-        })
-    };
+    let asking: BTreeSet<(&str, &str)> = clusters
+        .iter()
+        .filter(|c| c.asks(name, pool.spec.datacenters.contains_key(&c.datacenter)))
+        .map(|c| (c.namespace.as_str(), c.datacenter.as_str()))
+        .collect();
     for (namespace, (dc, allocation)) in held.clone().into_iter().chain(adopted.clone()) {
         let why = if !pool.spec.datacenters.contains_key(&dc) {
             format!("the pool no longer serves datacenter {dc}")
-        } else if !asking(&namespace, &dc) {
+        } else if !asking.contains(&(namespace.as_str(), dc.as_str())) {
             format!("no cluster in namespace {namespace} of datacenter {dc} asks for it")
         } else {
             continue;
@@ -152,15 +153,13 @@ fn plan_pool(
         });
     }
     for (dc, entry) in &pool.spec.datacenters {
-        let mut existing = in_datacenter(&held, dc);
-        if let Ok(checked) = allot_core::fleet::FleetPool::try_from(entry) {
-            for (ns, a) in &existing {
-                for problem in check_allocation(&checked, &existing, ns, a) {
-                    out.warnings.push(format!(
-                        "IPAMPool {name} datacenter {dc}: the allocation of {ns} ({a}): {problem}"
-                    ));
-                }
-            }
+        let mut existing: BTreeMap<String, Allocation> =
+            in_datacenter(&held, dc).into_iter().collect();
+        let checked = FleetPool::try_from(entry).ok();
+        let mut taken = checked.as_ref().map(|p| Taken::new(p.family()));
+        if let (Some(checked), Some(taken)) = (&checked, &mut taken) {
+            check_held(out, name, dc, checked, &existing);
+            existing.values().for_each(|a| taken.add(a));
         }
         // Clusters holding an allocation the pool has no record of come first, so that
         // nobody new is handed their addresses before they are adopted.
@@ -172,16 +171,34 @@ fn plan_pool(
         for cluster in asking {
             let ns = &cluster.namespace;
             let recorded = held.get(ns).map(|(_, a)| a.clone());
-            let taken = adopted.get(ns).map(|(_, a)| a.clone());
-            let current = match (&recorded, &taken) {
+            let found = adopted.get(ns).map(|(_, a)| a.clone());
+            let current = match (&recorded, &found) {
                 (Some(a), _) => Current::Recorded(a),
                 (None, Some(a)) => Current::Adopted(a),
                 (None, None) => Current::None,
             };
-            let outcome = decide(name, dc, entry, &existing, ns, current);
+            // The other clusters as one merged set: core needs to know what is taken, not by
+            // whom, so the cost of a decision does not grow with the fleet. A refused adoption
+            // is decided again against the clusters one by one, to name the one it overlaps.
+            let all = || {
+                existing
+                    .iter()
+                    .map(|(n, a)| (n.clone(), a.clone()))
+                    .collect()
+            };
+            let merged: Vec<(String, Allocation)> = match &taken {
+                Some(t) => t.as_existing(),
+                None => all(),
+            };
+            let mut outcome = decide(name, dc, entry, &merged, ns, current);
+            if let Err(Refusal::Inconsistent { .. }) = outcome {
+                outcome = decide(name, dc, entry, &all(), ns, current);
+            }
             if let Ok((allocation, _)) = &outcome {
-                existing.retain(|(n, _)| n != ns);
-                existing.push((ns.clone(), allocation.clone()));
+                if let Some(t) = &mut taken {
+                    t.add(allocation);
+                }
+                existing.insert(ns.clone(), allocation.clone());
             }
             out.entries.push(Entry {
                 pool: name.to_string(),
@@ -208,5 +225,116 @@ fn plan_pool(
                 dc: cluster.datacenter.clone(),
             }),
         });
+    }
+}
+
+/// Warns about held allocations that do not fit their pool (excluded, outside, wrong type) or
+/// overlap each other: one sort, not a comparison of every pair.
+fn check_held(
+    out: &mut Plan,
+    pool: &str,
+    dc: &str,
+    checked: &FleetPool,
+    held: &BTreeMap<String, Allocation>,
+) {
+    let family = checked.family();
+    let mut runs: Vec<(u128, u128, &str)> = Vec::new();
+    for (ns, a) in held {
+        for problem in check_allocation(checked, &[], ns, a) {
+            out.warnings.push(format!(
+                "IPAMPool {pool} datacenter {dc}: the allocation of {ns} ({a}): {problem}"
+            ));
+        }
+        runs.extend(
+            Taken::runs(family, a)
+                .into_iter()
+                .map(|(lo, hi)| (lo, hi, ns.as_str())),
+        );
+    }
+    runs.sort_unstable();
+    let mut reach: Option<(u128, &str)> = None;
+    for (lo, hi, ns) in runs {
+        match reach {
+            Some((end, other)) if lo <= end && other != ns => {
+                out.warnings.push(format!(
+                    "IPAMPool {pool} datacenter {dc}: the allocations of {other} and {ns} overlap: release one of them"
+                ));
+                if hi > end {
+                    reach = Some((hi, ns));
+                }
+            }
+            Some((end, _)) if hi <= end => {}
+            _ => reach = Some((hi, ns)),
+        }
+    }
+}
+
+/// Every address held in one datacenter, as merged runs of the pool's family.
+struct Taken {
+    family: IpFamily,
+    runs: BTreeMap<u128, u128>,
+}
+
+impl Taken {
+    fn new(family: IpFamily) -> Taken {
+        Taken {
+            family,
+            runs: BTreeMap::new(),
+        }
+    }
+
+    /// An allocation's runs in `family`'s number space (runs of the other family are left out:
+    /// such an allocation is refused on its own).
+    fn runs(family: IpFamily, a: &Allocation) -> Vec<(u128, u128)> {
+        let in_family = |x: &IpAddr| IpFamily::of(*x) == family;
+        match a {
+            Allocation::Range(runs) => runs
+                .iter()
+                .filter(|(f, l)| in_family(f) && in_family(l))
+                .map(|&(f, l)| {
+                    let (f, l) = (addr_to_u128(f), addr_to_u128(l));
+                    (f.min(l), f.max(l))
+                })
+                .collect(),
+            Allocation::Prefix(net) if in_family(&net.network()) => {
+                vec![(addr_to_u128(net.network()), addr_to_u128(net.broadcast()))]
+            }
+            Allocation::Prefix(_) => Vec::new(),
+        }
+    }
+
+    fn add(&mut self, a: &Allocation) {
+        for (mut lo, mut hi) in Taken::runs(self.family, a) {
+            if let Some((&start, &end)) = self.runs.range(..=lo).next_back()
+                && end.saturating_add(1) >= lo
+            {
+                lo = start;
+                hi = hi.max(end);
+            }
+            let touching: Vec<u128> = self
+                .runs
+                .range(lo..=hi.saturating_add(1))
+                .map(|(&s, _)| s)
+                .collect();
+            for start in touching {
+                if let Some(end) = self.runs.remove(&start) {
+                    hi = hi.max(end);
+                }
+            }
+            self.runs.insert(lo, hi);
+        }
+    }
+
+    /// The set as one allocation held by nobody a namespace can be called.
+    fn as_existing(&self) -> Vec<(String, Allocation)> {
+        if self.runs.is_empty() {
+            return Vec::new();
+        }
+        let runs = self
+            .runs
+            .iter()
+            .map(|(&lo, &hi)| (u128_to_addr(self.family, lo), u128_to_addr(self.family, hi)))
+            .collect();
+        vec![("\0taken".to_string(), Allocation::Range(runs))]
     }
 }

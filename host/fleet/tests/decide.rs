@@ -170,3 +170,87 @@ fn requests_name_their_pool_and_datacenter() {
     // The record of cluster-a is released: nobody asks for it.
     assert_eq!(planned.releases.len(), 1);
 }
+
+/// The plan hands core the other clusters as one merged set (so a decision costs the same
+/// for 10 or 10,000 clusters); it must decide exactly what core decides with every cluster
+/// listed one by one, on a fragmented pool where clusters were released and ranges grow.
+#[test]
+fn a_plan_decides_what_core_decides_with_every_cluster_listed() {
+    use allot_core::fleet::Allocation;
+    use allot_fleet::{Current, decide};
+    use allot_k8s::IPAMAllocationSpec;
+
+    let spec = |range: u64| {
+        pool(&format!(
+            "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {{name: lb}}
+spec:
+  datacenters:
+    dc1:
+      type: range
+      poolCidr: 10.0.0.0/20
+      allocationRange: {range}
+      excludeRanges: [10.0.0.100-10.0.0.140, 10.0.3.3]
+      excludePrefixes: [10.0.8.0/23]
+"
+        ))
+    };
+    let ns = |i: usize| format!("cluster-{i:04}");
+    // 400 clusters of 7 addresses, then every third one gone: a pool full of holes.
+    let first: Vec<FleetCluster> = (0..400).map(|i| cluster(&ns(i), "dc1")).collect();
+    let planned = plan(&[spec(7)], &[], &first);
+    assert_eq!(planned.refused(), 0);
+    let mut p = spec(9);
+    let status = p.status.get_or_insert_with(Default::default);
+    for e in planned
+        .entries
+        .iter()
+        .filter(|e| !e.namespace.ends_with(['0', '3', '6']))
+    {
+        let (a, _) = e.outcome.as_ref().unwrap();
+        status
+            .allocations
+            .insert(e.namespace.clone(), IPAMAllocationSpec::recording(a, "dc1"));
+    }
+    // The survivors grow to 9 addresses and 150 new clusters arrive.
+    let survivors: Vec<String> = status.allocations.keys().cloned().collect();
+    let mut fleet: Vec<FleetCluster> = survivors.iter().map(|n| cluster(n, "dc1")).collect();
+    fleet.extend((1000..1150).map(|i| cluster(&ns(i), "dc1")));
+    let planned = plan(std::slice::from_ref(&p), &[], &fleet);
+
+    // The reference: every decision against every other cluster, one by one.
+    let entry = &p.spec.datacenters["dc1"];
+    let mut existing: Vec<(String, Allocation)> = p
+        .status
+        .as_ref()
+        .unwrap()
+        .allocations
+        .iter()
+        .map(|(n, s)| (n.clone(), s.allocation().unwrap().unwrap()))
+        .collect();
+    let mut changes = std::collections::BTreeMap::new();
+    for c in fleet.iter().map(|c| &c.namespace) {
+        let current = existing
+            .iter()
+            .find(|(n, _)| n == c)
+            .map(|(_, a)| a.clone());
+        let now = match &current {
+            Some(a) => Current::Recorded(a),
+            None => Current::None,
+        };
+        let outcome = decide("lb", "dc1", entry, &existing, c, now);
+        if let Ok((a, _)) = &outcome {
+            existing.retain(|(n, _)| n != c);
+            existing.push((c.clone(), a.clone()));
+        }
+        let e = planned.entries.iter().find(|e| e.namespace == *c).unwrap();
+        assert_eq!(e.outcome, outcome, "{c}");
+        if let Ok((_, change)) = outcome {
+            *changes.entry(change.to_string()).or_insert(0) += 1;
+        }
+    }
+    // The scenario exercised what it claims to: grown survivors and new clusters.
+    assert_eq!(changes.get("grown"), Some(&survivors.len()), "{changes:?}");
+    assert!(changes.get("new").is_some_and(|&n| n > 100), "{changes:?}");
+}
