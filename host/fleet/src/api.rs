@@ -477,7 +477,8 @@ pub struct SyncReport {
 }
 
 /// One reconcile of IPAMPool `pool_name` against the clusters that exist now: releases the
-/// allocations of clusters that are gone or whose datacenter the pool no longer serves, adopts
+/// allocations of clusters that are gone or whose datacenter the pool no longer serves (an
+/// IPAMAllocation holding addresses the pool has no record of and no cluster asks for too), adopts
 /// IPAMAllocations the pool has no record of (before anyone new is served, so nobody is handed
 /// their addresses), then allocates for every cluster that asks the pool, in namespace order (a
 /// request from a datacenter the pool does not serve is refused in its status).
@@ -522,6 +523,14 @@ pub async fn sync(
             .filter_map(|o| o.metadata.namespace)
             .filter(|ns| recorded.is_none_or(|r| !r.contains_key(ns)))
             .collect();
+    // Holding addresses with neither a record nor a cluster: a cluster gone before it was
+    // adopted, or a release that recorded but did not get to delete. Deleted, like a release.
+    for ns in &unrecorded {
+        if !asking.iter().any(|c| c.namespace == *ns) {
+            release(client, pool_name, ns).await?;
+            report.released.push(ns.clone());
+        }
+    }
     asking.sort_by_key(|c| !unrecorded.contains(&c.namespace));
     for cluster in asking {
         let outcome = allocate(client, pool_name, cluster).await;

@@ -445,6 +445,13 @@ async fn sync_releases_the_gone_adopts_the_migrated_and_serves_the_new() {
                "metadata": {"name": "lb", "namespace": "cluster-legacy"},
                "spec": {"type": "range", "dc": "dc1", "addresses": ["10.0.0.1-10.0.0.4"]}}),
     );
+    // Left behind by a release that recorded and did not get to delete.
+    server.insert(
+        "ipamallocations",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPAMAllocation",
+               "metadata": {"name": "lb", "namespace": "cluster-orphan"},
+               "spec": {"type": "range", "dc": "dc1", "addresses": ["10.0.0.9-10.0.0.12"]}}),
+    );
     let client = server.client();
     let mut request = cluster("cluster-r", "dc9");
     request.pools = Some(BTreeSet::from(["lb".to_string()]));
@@ -456,7 +463,17 @@ async fn sync_releases_the_gone_adopts_the_migrated_and_serves_the_new() {
         request,
     ];
     let mut report = sync(&client, "lb", &clusters).await.unwrap();
-    assert_eq!(report.released, ["cluster-gone", "cluster-moved"]);
+    assert_eq!(
+        report.released,
+        ["cluster-gone", "cluster-moved", "cluster-orphan"]
+    );
+    assert!(
+        Api::<IPAMAllocation>::namespaced(client.clone(), "cluster-orphan")
+            .get_opt("lb")
+            .await
+            .unwrap()
+            .is_none()
+    );
     // A request from a datacenter the pool does not serve is told so; a Cluster there is not
     // the pool's business.
     let refused = report.allocated.remove("cluster-r").unwrap().unwrap_err();
