@@ -121,6 +121,9 @@ fn name(pool: &IPAMPool) -> String {
 ///
 /// A refusal is written into the IPAMAllocation's status (created for the purpose when
 /// missing) and returned; the cluster keeps whatever it held.
+///
+/// `allocate` adopts only this cluster's own IPAMAllocation; [`sync`] adopts every one the pool
+/// has no record of before it serves anyone new, so run `sync` when a pool is first reconciled.
 pub async fn allocate(
     client: &Client,
     pool_name: &str,
