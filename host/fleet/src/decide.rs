@@ -1,7 +1,8 @@
 //! The decisions, pure: what one cluster gets from one pool (the API adapter and `allotctl
-//! fleet plan` both call [`decide`]), and which pool edits are refused ([`check_pool_edit`],
-//! for the webhook). Core does the arithmetic; this adds what the objects say on top of it: the
-//! `deprecated` flag, the records of a pool's status, and who the cluster is.
+//! fleet plan` both call [`decide`]), and which edits the webhook will refuse (of a pool:
+//! [`check_pool_edit`]; of an IPAMAllocation: [`check_allocation_object`]). Core does the
+//! arithmetic; this adds what the objects say on top of it: the `deprecated` flag, the records
+//! of a pool's status, and who the cluster is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -10,7 +11,7 @@ use allot_core::fleet::{
     Allocation, AllocationProblem, FleetError, FleetPool, FleetSpecError, allocate,
     check_allocation, check_edit,
 };
-use allot_k8s::{IPAMAllocationSpec, IPAMPool, IPAMPoolDatacenter};
+use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMPool, IPAMPoolDatacenter};
 
 /// A cluster that asks for allocations. Its namespace is its identity: an `IPAMAllocation` is
 /// named after its pool in the cluster's namespace, so one namespace holds one cluster.
@@ -248,4 +249,59 @@ pub fn check_pool_edit(old: Option<&IPAMPool>, new: Option<&IPAMPool>) -> Vec<St
         }
     }
     refusals
+}
+
+/// Why an IPAMAllocation written (or edited) by anyone but the allocator must be refused: the
+/// consistency check the proposal asks of a validating webhook. A request (no addresses) is
+/// fine when its pool serves its datacenter; an allocation must fit its pool, overlap no
+/// cluster the pool has a record of, and, when the pool holds a record for this namespace, be
+/// that record. Empty when the object is allowed.
+pub fn check_allocation_object(pool: &IPAMPool, object: &IPAMAllocation) -> Vec<String> {
+    let name = pool.metadata.name.clone().unwrap_or_default();
+    let ns = object.metadata.namespace.clone().unwrap_or_default();
+    let dc = &object.spec.dc;
+    let Some(entry) = pool.spec.datacenters.get(dc) else {
+        return vec![
+            Refusal::NoDatacenter {
+                pool: name,
+                dc: dc.clone(),
+            }
+            .to_string(),
+        ];
+    };
+    let allocation = match object.spec.allocation() {
+        Ok(Some(a)) => a,
+        Ok(None) => return Vec::new(),
+        Err(e) => return vec![format!("IPAMAllocation {ns}/{name}: {e}")],
+    };
+    let checked = match FleetPool::try_from(entry) {
+        Ok(p) => p,
+        Err(error) => {
+            return vec![
+                Refusal::Spec {
+                    pool: name,
+                    dc: dc.clone(),
+                    error,
+                }
+                .to_string(),
+            ];
+        }
+    };
+    let empty = BTreeMap::new();
+    let recorded = pool.status.as_ref().map_or(&empty, |s| &s.allocations);
+    let held = match records(&name, recorded) {
+        Ok(held) => held,
+        Err(e) => return vec![e.to_string()],
+    };
+    if let Some((record_dc, record)) = held.get(&ns)
+        && (record_dc != dc || *record != allocation)
+    {
+        return vec![format!(
+            "IPAMAllocation {ns}/{name} holds {allocation} from datacenter {dc}, but IPAMPool {name} records {record} from datacenter {record_dc} for this namespace: the allocator writes this object from the pool's record; delete it to have it written again"
+        )];
+    }
+    check_allocation(&checked, &in_datacenter(&held, dc), &ns, &allocation)
+        .into_iter()
+        .map(|p| format!("IPAMAllocation {ns}/{name} ({allocation}): {p}"))
+        .collect()
 }

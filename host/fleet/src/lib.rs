@@ -19,5 +19,7 @@ pub mod decide;
 pub mod plan;
 
 pub use api::{CONFIG_MAP, FleetApiError, MAX_ATTEMPTS, SyncReport, allocate, release, sync};
-pub use decide::{Change, Current, FleetCluster, Refusal, check_pool_edit, decide};
+pub use decide::{
+    Change, Current, FleetCluster, Refusal, check_allocation_object, check_pool_edit, decide,
+};
 pub use plan::{Entry, Plan, Release, plan};

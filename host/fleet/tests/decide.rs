@@ -254,3 +254,56 @@ spec:
     assert_eq!(changes.get("grown"), Some(&survivors.len()), "{changes:?}");
     assert!(changes.get("new").is_some_and(|&n| n > 100), "{changes:?}");
 }
+
+#[test]
+fn an_allocation_object_must_fit_its_pool_and_its_record() {
+    use allot_fleet::check_allocation_object;
+    let p = pool(HELD);
+    let object = |ns: &str, spec: &str| -> IPAMAllocation {
+        serde_yaml::from_str(&format!(
+            "apiVersion: allot.dev/v1alpha1\nkind: IPAMAllocation\nmetadata: {{name: lb, namespace: {ns}}}\nspec: {spec}\n"
+        ))
+        .unwrap()
+    };
+    // What the allocator wrote, a request, a fresh fitting allocation: allowed.
+    let ok = [
+        object(
+            "cluster-a",
+            "{type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.4]}",
+        ),
+        object("cluster-b", "{dc: dc1}"),
+        object(
+            "cluster-b",
+            "{type: range, dc: dc1, addresses: [10.0.0.5-10.0.0.8]}",
+        ),
+    ];
+    for o in &ok {
+        assert!(check_allocation_object(&p, o).is_empty(), "{o:?}");
+    }
+    let refused = |o: IPAMAllocation| check_allocation_object(&p, &o).join("; ");
+    assert_eq!(
+        refused(object(
+            "cluster-b",
+            "{type: range, dc: dc1, addresses: [10.0.0.3-10.0.0.6]}"
+        )),
+        "IPAMAllocation cluster-b/lb (10.0.0.3-10.0.0.6): 10.0.0.3-10.0.0.4 are also held by cluster cluster-a"
+    );
+    assert_eq!(
+        refused(object(
+            "cluster-a",
+            "{type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.9]}"
+        )),
+        "IPAMAllocation cluster-a/lb holds 10.0.0.1-10.0.0.9 from datacenter dc1, but IPAMPool lb records 10.0.0.1-10.0.0.4 from datacenter dc1 for this namespace: the allocator writes this object from the pool's record; delete it to have it written again"
+    );
+    assert!(
+        refused(object(
+            "cluster-b",
+            "{type: prefix, dc: dc1, cidr: 10.0.0.0/28}"
+        ))
+        .contains("type prefix does not match the pool's type range")
+    );
+    assert_eq!(
+        refused(object("cluster-b", "{dc: dc7}")),
+        "IPAMPool lb has no entry for datacenter dc7: add spec.datacenters.dc7, or fix the cluster's datacenter"
+    );
+}
