@@ -544,3 +544,45 @@ async fn a_pool_created_again_rewrites_what_its_predecessor_wrote() {
     assert_eq!(stored.spec, a.spec);
     assert_eq!(stored.status.unwrap().record_version, Some(1));
 }
+
+#[tokio::test]
+async fn an_allocation_recorded_but_not_written_is_written_on_the_next_call() {
+    let server = ApiServer::new();
+    server.insert(
+        "ipampools",
+        pool_object(
+            "lb",
+            json!({"dc1": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4}}),
+        ),
+    );
+    let client = server.client();
+    // The API server fails the IPAMAllocation's creation, as it would if the allocator died
+    // right after recording.
+    server.fail("create", "ipamallocations", 1, 500, "InternalError");
+    let e = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("retrying later may succeed"), "{e}");
+    let record = pool(&client, "lb").await.status.unwrap();
+    assert_eq!(
+        record.allocations["cluster-a"].addresses,
+        ["10.0.0.1-10.0.0.4"]
+    );
+    assert!(server.objects("ipamallocations").is_empty());
+    // Nobody else can be handed those addresses meanwhile.
+    let b = allocate(&client, "lb", &cluster("cluster-b", "dc1"))
+        .await
+        .unwrap();
+    assert_eq!(b.spec.addresses, ["10.0.0.5-10.0.0.8"]);
+    // The next call writes what the record says, without recording again.
+    let writes = server.requests("update", "ipampools");
+    let a = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
+        .await
+        .unwrap();
+    assert_eq!(a.spec.addresses, ["10.0.0.1-10.0.0.4"]);
+    assert_eq!(server.requests("update", "ipampools"), writes);
+    assert_eq!(
+        config_map(&client, "cluster-a").await["lb"],
+        "10.0.0.1-10.0.0.4"
+    );
+}
