@@ -102,6 +102,20 @@ def main():
         if not errors_of(pool, bad):
             print(f"check-k8s-schemas: an IPPool with {field}={value!r} passed", file=sys.stderr)
             failed = True
+
+    ipampool = by_kind[("allot.dev/v1alpha1", "IPAMPool")]
+    good = {"apiVersion": "allot.dev/v1alpha1", "kind": "IPAMPool", "metadata": {"name": "lb"},
+            "spec": {"datacenters": {"dc1": {"type": "range", "poolCidr": "10.0.0.0/16",
+                                             "allocationRange": 10}}}}
+    assert not errors_of(ipampool, good), errors_of(ipampool, good)
+    for field, value in [("type", "block"), ("poolCidr", "10.0.0.0"), ("allocationRange", 0),
+                         ("allocationPrefix", 129), ("excludeRanges", ["10.0.0.1 - 2"]),
+                         ("allocationRnage", 4)]:
+        bad = copy.deepcopy(good)
+        bad["spec"]["datacenters"]["dc1"][field] = value
+        if not errors_of(ipampool, bad):
+            print(f"check-k8s-schemas: an IPAMPool with {field}={value!r} passed", file=sys.stderr)
+            failed = True
     sys.exit(1 if failed else 0)
 
 

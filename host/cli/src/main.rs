@@ -1,5 +1,6 @@
 //! allotctl: the command people type. `policy test|explain|bench` for policy authors.
 
+mod fleet_cmd;
 mod harness;
 mod scenario;
 mod store_cmd;
@@ -38,6 +39,9 @@ enum Command {
     /// Pools, subnets and reserved addresses kept in etcd (`--store etcd://…`).
     #[command(subcommand)]
     Pool(store_cmd::PoolCommand),
+    /// Fleet ranges: per-cluster ranges and prefixes from IPAMPools.
+    #[command(subcommand)]
+    Fleet(fleet_cmd::FleetCommand),
     /// Print the CustomResourceDefinitions of allot.dev (or write one file per CRD with --out).
     Crds {
         /// A directory to write `PLURAL.allot.dev.yaml` files to (the repository's `crds/`).
@@ -175,6 +179,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }) => bench(&policy, pools, iterations),
         Command::Claims(c) => store_cmd::claims_command(&cli.store, c),
         Command::Pool(c) => store_cmd::pool_command(&cli.store, c),
+        Command::Fleet(c) => fleet_cmd::fleet_command(c),
         Command::Crds { out } => crds(out.as_deref()),
     }
 }

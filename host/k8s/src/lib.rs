@@ -8,6 +8,9 @@
 //! - [`IPBlock`]: the claims of an aligned run of one pool's addresses (the Kubernetes store's
 //!   unit of truth, written with resourceVersion compare-and-swap).
 //! - [`Policy`]: which policy component a cluster runs, and what its status says about it.
+//! - [`IPAMPool`] and [`IPAMAllocation`]: fleet ranges, per-cluster ranges or prefixes carved
+//!   from per-datacenter CIDRs (Kubermatic's shapes); the pool's status records every
+//!   allocation.
 //!
 //! `crds/` is generated from these types by `allotctl crds` ([`crds`]); a test fails when the
 //! committed files are stale.
@@ -16,12 +19,17 @@ mod block;
 mod convert;
 mod crd;
 mod endpoint;
+mod fleet;
 mod policy;
 mod pools;
 
 pub use block::{BlockClaim, IPBlock, IPBlockSpec};
 pub use crd::{crd_file_name, crds, crds_yaml};
 pub use endpoint::{Endpoint, EndpointInterface, EndpointSpec, OwnerRef};
+pub use fleet::{
+    AllocationState, IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, IPAMPool,
+    IPAMPoolDatacenter, IPAMPoolSpec, IPAMPoolStatus,
+};
 pub use policy::{
     ConfigMapKey, OnFailure, Policy, PolicyLocation, PolicySource, PolicySpec, PolicyStatus,
 };

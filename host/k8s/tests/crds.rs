@@ -73,6 +73,8 @@ fn every_kind_is_in_allot_dev_v1alpha1_with_the_expected_scope() {
             expect("Endpoint", "endpoints", "Namespaced"),
             expect("IPBlock", "ipblocks", "Cluster"),
             expect("Policy", "policies", "Cluster"),
+            expect("IPAMPool", "ipampools", "Cluster"),
+            expect("IPAMAllocation", "ipamallocations", "Namespaced"),
         ]
     );
     assert_eq!(
@@ -107,7 +109,13 @@ fn kubectl_get_ippools_shows_spiderpools_columns() {
 
 #[test]
 fn status_is_a_subresource_where_allot_derives_it() {
-    for plural in ["ippools", "subnets", "policies"] {
+    for plural in [
+        "ippools",
+        "subnets",
+        "policies",
+        "ipampools",
+        "ipamallocations",
+    ] {
         let crd = crd(plural);
         let sub = crd.spec.versions[0].subresources.as_ref();
         assert!(

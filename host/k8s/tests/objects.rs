@@ -4,9 +4,11 @@
 use std::path::Path;
 
 use allot_core::config::{Object, Observation};
+use allot_core::fleet::FleetPool;
 use allot_core::{Pool, Reserved, Subnet};
 use allot_k8s::{
-    Endpoint, IPBlock, IPPool, Policy, PolicyLocation, ReservedIP, Subnet as SubnetObject,
+    Endpoint, IPAMAllocation, IPAMPool, IPBlock, IPPool, Policy, PolicyLocation, ReservedIP,
+    Subnet as SubnetObject,
 };
 use serde::Deserialize;
 
@@ -60,6 +62,18 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
             "Policy" => serde_yaml::from_value::<Policy>(doc.clone())
                 .map_err(|e| e.to_string())
                 .and_then(|p| p.spec.source.location().map(drop)),
+            "IPAMPool" => serde_yaml::from_value::<IPAMPool>(doc.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|p| {
+                    p.spec
+                        .datacenters
+                        .values()
+                        .try_for_each(|dc| FleetPool::try_from(dc).map(drop))
+                        .map_err(|e| e.to_string())
+                }),
+            "IPAMAllocation" => serde_yaml::from_value::<IPAMAllocation>(doc.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|a| a.spec.allocation().map(drop).map_err(|e| e.to_string())),
             other => Err(format!("unknown kind {other}")),
         };
         if let Err(e) = parsed {
@@ -71,6 +85,8 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
         kinds.into_iter().collect::<Vec<_>>(),
         [
             "Endpoint",
+            "IPAMAllocation",
+            "IPAMPool",
             "IPBlock",
             "IPPool",
             "Policy",

@@ -1,0 +1,309 @@
+//! The pure decisions: pool edits the webhook will refuse, and a fleet planned offline.
+
+use std::collections::BTreeSet;
+
+use allot_fleet::{Change, FleetCluster, Refusal, check_pool_edit, plan};
+use allot_k8s::{IPAMAllocation, IPAMPool};
+
+fn pool(yaml: &str) -> IPAMPool {
+    serde_yaml::from_str(yaml).unwrap()
+}
+
+const HELD: &str = "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  datacenters:
+    dc1: {type: range, poolCidr: 10.0.0.0/24, allocationRange: 4}
+    dc2: {type: range, poolCidr: 10.1.0.0/24, allocationRange: 4}
+status:
+  allocations:
+    cluster-a: {type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.4]}
+";
+
+fn edited(from: &str, to: &str) -> IPAMPool {
+    pool(&HELD.replace(from, to))
+}
+
+#[test]
+fn edits_that_would_strand_a_cluster_are_refused_with_the_reason() {
+    let old = pool(HELD);
+    let refused = |new: &IPAMPool| check_pool_edit(Some(&old), Some(new));
+    assert!(
+        refused(&edited(
+            "allocationRange: 4}\n    dc2",
+            "allocationRange: 8}\n    dc2"
+        ))
+        .is_empty()
+    );
+    assert_eq!(
+        refused(&edited("10.0.0.0/24", "10.0.8.0/24")),
+        [
+            "IPAMPool lb datacenter dc1: poolCidr is immutable (10.0.0.0/24 → 10.0.8.0/24): clusters hold addresses of 10.0.0.0/24; for other addresses create another IPAMPool"
+        ]
+    );
+    let excluding = edited(
+        "allocationRange: 4}\n    dc2",
+        "allocationRange: 4, excludePrefixes: [10.0.0.0/30]}\n    dc2",
+    );
+    assert_eq!(
+        refused(&excluding),
+        [
+            "IPAMPool lb datacenter dc1: cluster cluster-a holds 10.0.0.1-10.0.0.3, which the new exclusions cover: release or move that cluster first, or exclude other addresses"
+        ]
+    );
+    let removed = edited(
+        "    dc1: {type: range, poolCidr: 10.0.0.0/24, allocationRange: 4}\n",
+        "",
+    );
+    assert_eq!(
+        refused(&removed),
+        [
+            "IPAMPool lb datacenter dc1: clusters cluster-a still hold allocations from this datacenter's pool: delete those clusters (or their allocations) first"
+        ]
+    );
+    // dc2 holds nothing: removing it is fine; an invalid new entry is refused.
+    let removed = edited(
+        "    dc2: {type: range, poolCidr: 10.1.0.0/24, allocationRange: 4}\n",
+        "",
+    );
+    assert!(refused(&removed).is_empty());
+    let zero = edited("allocationRange: 4}\nstatus", "allocationRange: 0}\nstatus");
+    assert_eq!(
+        refused(&zero),
+        [
+            "IPAMPool lb datacenter dc2: allocationRange must be at least 1: set how many addresses each cluster gets"
+        ]
+    );
+    // Deleting the pool while clusters hold allocations.
+    assert_eq!(check_pool_edit(Some(&old), None).len(), 1);
+}
+
+fn cluster(ns: &str, dc: &str) -> FleetCluster {
+    FleetCluster {
+        namespace: ns.into(),
+        name: ns.into(),
+        datacenter: dc.into(),
+        pools: None,
+    }
+}
+
+#[test]
+fn a_plan_keeps_records_adopts_before_serving_and_releases_the_gone() {
+    let p = pool(HELD);
+    // An allocation from before allot, where the pool would otherwise hand out to cluster-aa.
+    let migrated: IPAMAllocation = serde_yaml::from_str(
+        "apiVersion: allot.dev/v1alpha1\nkind: IPAMAllocation\nmetadata: {name: lb, namespace: cluster-z}\nspec: {type: range, dc: dc1, addresses: [10.0.0.5-10.0.0.8]}\n",
+    )
+    .unwrap();
+    let clusters = [
+        cluster("cluster-a", "dc1"),
+        cluster("cluster-aa", "dc1"),
+        cluster("cluster-z", "dc1"),
+    ];
+    let planned = plan(
+        std::slice::from_ref(&p),
+        std::slice::from_ref(&migrated),
+        &clusters,
+    );
+    let shown: Vec<(String, String, Change)> = planned
+        .entries
+        .iter()
+        .map(|e| {
+            let (a, c) = e.outcome.clone().unwrap();
+            (e.namespace.clone(), a.to_string(), c)
+        })
+        .collect();
+    let row = |ns: &str, a: &str, c| (ns.to_string(), a.to_string(), c);
+    assert_eq!(
+        shown,
+        [
+            row("cluster-a", "10.0.0.1-10.0.0.4", Change::Kept),
+            row("cluster-aa", "10.0.0.9-10.0.0.12", Change::New),
+            row("cluster-z", "10.0.0.5-10.0.0.8", Change::Kept),
+        ]
+    );
+    assert!(planned.releases.is_empty());
+
+    // Without cluster-a, its record is released and cluster-aa gets its addresses.
+    let planned = plan(&[p], &[migrated], &clusters[1..]);
+    assert_eq!(planned.releases.len(), 1);
+    assert_eq!(planned.releases[0].namespace, "cluster-a");
+    let aa = planned
+        .entries
+        .iter()
+        .find(|e| e.namespace == "cluster-aa")
+        .unwrap();
+    assert_eq!(
+        aa.outcome.as_ref().unwrap().0.to_string(),
+        "10.0.0.1-10.0.0.4"
+    );
+}
+
+#[test]
+fn requests_name_their_pool_and_datacenter() {
+    let p = pool(HELD);
+    let mut request = cluster("cluster-r", "dc9");
+    request.pools = Some(BTreeSet::from(["lb".to_string(), "nope".to_string()]));
+    let planned = plan(&[p], &[], &[request]);
+    let refusals: Vec<Refusal> = planned
+        .entries
+        .iter()
+        .map(|e| e.outcome.clone().unwrap_err())
+        .collect();
+    assert_eq!(
+        refusals,
+        [
+            Refusal::NoDatacenter {
+                pool: "lb".into(),
+                dc: "dc9".into()
+            },
+            Refusal::NoPool {
+                pool: "nope".into()
+            },
+        ]
+    );
+    assert_eq!(
+        refusals[0].to_string(),
+        "IPAMPool lb has no entry for datacenter dc9: add spec.datacenters.dc9, or fix the cluster's datacenter"
+    );
+    // The record of cluster-a is released: nobody asks for it.
+    assert_eq!(planned.releases.len(), 1);
+}
+
+/// The plan hands core the other clusters as one merged set (so a decision costs the same
+/// for 10 or 10,000 clusters); it must decide exactly what core decides with every cluster
+/// listed one by one, on a fragmented pool where clusters were released and ranges grow.
+#[test]
+fn a_plan_decides_what_core_decides_with_every_cluster_listed() {
+    use allot_core::fleet::Allocation;
+    use allot_fleet::{Current, decide};
+    use allot_k8s::IPAMAllocationSpec;
+
+    let spec = |range: u64| {
+        pool(&format!(
+            "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {{name: lb}}
+spec:
+  datacenters:
+    dc1:
+      type: range
+      poolCidr: 10.0.0.0/20
+      allocationRange: {range}
+      excludeRanges: [10.0.0.100-10.0.0.140, 10.0.3.3]
+      excludePrefixes: [10.0.8.0/23]
+"
+        ))
+    };
+    let ns = |i: usize| format!("cluster-{i:04}");
+    // 400 clusters of 7 addresses, then every third one gone: a pool full of holes.
+    let first: Vec<FleetCluster> = (0..400).map(|i| cluster(&ns(i), "dc1")).collect();
+    let planned = plan(&[spec(7)], &[], &first);
+    assert_eq!(planned.refused(), 0);
+    let mut p = spec(9);
+    let status = p.status.get_or_insert_with(Default::default);
+    for e in planned
+        .entries
+        .iter()
+        .filter(|e| !e.namespace.ends_with(['0', '3', '6']))
+    {
+        let (a, _) = e.outcome.as_ref().unwrap();
+        status
+            .allocations
+            .insert(e.namespace.clone(), IPAMAllocationSpec::recording(a, "dc1"));
+    }
+    // The survivors grow to 9 addresses and 150 new clusters arrive.
+    let survivors: Vec<String> = status.allocations.keys().cloned().collect();
+    let mut fleet: Vec<FleetCluster> = survivors.iter().map(|n| cluster(n, "dc1")).collect();
+    fleet.extend((1000..1150).map(|i| cluster(&ns(i), "dc1")));
+    let planned = plan(std::slice::from_ref(&p), &[], &fleet);
+
+    // The reference: every decision against every other cluster, one by one.
+    let entry = &p.spec.datacenters["dc1"];
+    let mut existing: Vec<(String, Allocation)> = p
+        .status
+        .as_ref()
+        .unwrap()
+        .allocations
+        .iter()
+        .map(|(n, s)| (n.clone(), s.allocation().unwrap().unwrap()))
+        .collect();
+    let mut changes = std::collections::BTreeMap::new();
+    for c in fleet.iter().map(|c| &c.namespace) {
+        let current = existing
+            .iter()
+            .find(|(n, _)| n == c)
+            .map(|(_, a)| a.clone());
+        let now = match &current {
+            Some(a) => Current::Recorded(a),
+            None => Current::None,
+        };
+        let outcome = decide("lb", "dc1", entry, &existing, c, now);
+        if let Ok((a, _)) = &outcome {
+            existing.retain(|(n, _)| n != c);
+            existing.push((c.clone(), a.clone()));
+        }
+        let e = planned.entries.iter().find(|e| e.namespace == *c).unwrap();
+        assert_eq!(e.outcome, outcome, "{c}");
+        if let Ok((_, change)) = outcome {
+            *changes.entry(change.to_string()).or_insert(0) += 1;
+        }
+    }
+    // The scenario exercised what it claims to: grown survivors and new clusters.
+    assert_eq!(changes.get("grown"), Some(&survivors.len()), "{changes:?}");
+    assert!(changes.get("new").is_some_and(|&n| n > 100), "{changes:?}");
+}
+
+#[test]
+fn an_allocation_object_must_fit_its_pool_and_its_record() {
+    use allot_fleet::check_allocation_object;
+    let p = pool(HELD);
+    let object = |ns: &str, spec: &str| -> IPAMAllocation {
+        serde_yaml::from_str(&format!(
+            "apiVersion: allot.dev/v1alpha1\nkind: IPAMAllocation\nmetadata: {{name: lb, namespace: {ns}}}\nspec: {spec}\n"
+        ))
+        .unwrap()
+    };
+    // What the allocator wrote, a request, a fresh fitting allocation: allowed.
+    let ok = [
+        object(
+            "cluster-a",
+            "{type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.4]}",
+        ),
+        object("cluster-b", "{dc: dc1}"),
+        object(
+            "cluster-b",
+            "{type: range, dc: dc1, addresses: [10.0.0.5-10.0.0.8]}",
+        ),
+    ];
+    for o in &ok {
+        assert!(check_allocation_object(&p, o).is_empty(), "{o:?}");
+    }
+    let refused = |o: IPAMAllocation| check_allocation_object(&p, &o).join("; ");
+    assert_eq!(
+        refused(object(
+            "cluster-b",
+            "{type: range, dc: dc1, addresses: [10.0.0.3-10.0.0.6]}"
+        )),
+        "IPAMAllocation cluster-b/lb (10.0.0.3-10.0.0.6): 10.0.0.3-10.0.0.4 are also held by cluster cluster-a"
+    );
+    assert_eq!(
+        refused(object(
+            "cluster-a",
+            "{type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.9]}"
+        )),
+        "IPAMAllocation cluster-a/lb holds 10.0.0.1-10.0.0.9 from datacenter dc1, but IPAMPool lb records 10.0.0.1-10.0.0.4 from datacenter dc1 for this namespace: the allocator writes this object from the pool's record; delete it to have it written again"
+    );
+    assert!(
+        refused(object(
+            "cluster-b",
+            "{type: prefix, dc: dc1, cidr: 10.0.0.0/28}"
+        ))
+        .contains("type prefix does not match the pool's type range")
+    );
+    assert_eq!(
+        refused(object("cluster-b", "{dc: dc7}")),
+        "IPAMPool lb has no entry for datacenter dc7: add spec.datacenters.dc7, or fix the cluster's datacenter"
+    );
+}
