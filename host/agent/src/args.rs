@@ -88,6 +88,8 @@ pub struct Args {
     /// when root, else ~/.cache/allot/policies).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    underlay: crate::quarantine::UnderlayArgs,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -109,6 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             dir.display()
         );
     }
+    let underlay = args.underlay.underlay()?;
     let node_name = match &args.node_name {
         Some(n) => n.clone(),
         None => hostname(),
@@ -179,6 +182,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         node_name,
         config: Default::default(),
         journal: args.journal.clone(),
+        underlay,
     });
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -195,6 +199,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let OpenedStore::Etcd(etcd) = &opened {
             follow_watch(shared.clone(), etcd.clone());
         }
+        let expiry = crate::quarantine::spawn_expiry(shared.clone());
         let ticker = tokio::spawn(inventory::run(
             shared.clone(),
             source,
@@ -203,6 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
         let served = server::serve(shared, &args.socket).await;
         ticker.abort();
+        expiry.abort();
         served
     })
 }

@@ -5,6 +5,7 @@ mod args;
 mod inventory;
 mod journal;
 mod metrics;
+mod quarantine;
 mod server;
 mod standalone;
 

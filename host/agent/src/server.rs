@@ -32,9 +32,11 @@ pub struct Shared {
     pub config: SharedConfig,
     /// The DEL journal (the plugin's, `--journal`): DELs the store cannot take now wait there.
     pub journal: std::path::PathBuf,
+    /// Probe defaults for the plugin, and how long quarantines last.
+    pub underlay: crate::quarantine::Underlay,
 }
 
-type Reply = Response<Full<Bytes>>;
+pub(crate) type Reply = Response<Full<Bytes>>;
 
 const MAX_BODY: usize = 1 << 20;
 
@@ -120,7 +122,7 @@ fn claim_socket_path(socket: &Path) -> anyhow::Result<()> {
     }
 }
 
-fn json<T: Serialize>(status: StatusCode, body: &T) -> Reply {
+pub(crate) fn json<T: Serialize>(status: StatusCode, body: &T) -> Reply {
     let mut r = Response::new(Full::new(Bytes::from(
         serde_json::to_vec(body).expect("serializable"),
     )));
@@ -270,6 +272,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
             }
             Err(reply) => reply,
         },
+        (Method::POST, api::QUARANTINE) => match body::<api::QuarantineRequest>(req).await {
+            Ok(r) => crate::quarantine::handle(shared, r).await,
+            Err(reply) => reply,
+        },
         _ => error(
             StatusCode::NOT_FOUND,
             codes::UNSUPPORTED_FIELD,
@@ -326,7 +332,7 @@ fn status(shared: &Shared) -> api::StatusResponse {
 }
 
 /// Runs engine work (store I/O, fsync) off the async threads, mapping errors to CNI codes.
-async fn blocking(
+pub(crate) async fn blocking(
     shared: &Arc<Shared>,
     verb: &'static str,
     f: impl FnOnce(&Shared) -> Result<Reply, AllocError> + Send + 'static,
@@ -423,7 +429,7 @@ fn classify(e: &AllocError) -> (StatusCode, u32, &'static str) {
     }
 }
 
-fn result(o: &AddOutcome) -> api::IpamResult {
+pub(crate) fn result(o: &AddOutcome) -> api::IpamResult {
     api::IpamResult {
         ips: o
             .allocations
@@ -442,12 +448,14 @@ fn result(o: &AddOutcome) -> api::IpamResult {
                 gw: Some(r.gw.to_string()),
             })
             .collect(),
+        probe: None,
     }
 }
 
-async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
-    let started = Instant::now();
-    let request = AddRequest {
+/// The engine's ADD for the plugin's request (also used to serve the ADD again after a
+/// quarantine).
+pub(crate) fn add_request(shared: &Shared, r: &api::AddRequest) -> AddRequest {
+    AddRequest {
         attachment: Attachment {
             container_id: r.container_id.clone(),
             interface: r.if_name.clone(),
@@ -479,7 +487,12 @@ async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
             ipv4: r.default_ipv4_pools.clone(),
             ipv6: r.default_ipv6_pools.clone(),
         },
-    };
+    }
+}
+
+async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
+    let started = Instant::now();
+    let request = add_request(&shared, &r);
     let reply = blocking(&shared, "add", move |s| {
         let out = s.engine.add(&request)?;
         if !out.repeated {
@@ -488,7 +501,9 @@ async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
                 tracing::info!(address = %a.cidr(), pool = %a.pool, container = %request.attachment, pod = %format!("{}/{}", request.pod.namespace, request.pod.name), "allocated");
             }
         }
-        Ok(json(StatusCode::OK, &result(&out)))
+        // The plugin probes with these unless the network's config says otherwise.
+        let probe = s.underlay.probe;
+        Ok(json(StatusCode::OK, &api::IpamResult { probe, ..result(&out) }))
     })
     .await;
     shared
