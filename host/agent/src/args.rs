@@ -111,6 +111,8 @@ pub struct Args {
     /// when root, else ~/.cache/allot/policies).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    underlay: crate::quarantine::UnderlayArgs,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -132,6 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             dir.display()
         );
     }
+    let underlay = args.underlay.underlay()?;
     let node_name = match &args.node_name {
         Some(n) => n.clone(),
         None => hostname(),
@@ -255,6 +258,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config: Default::default(),
         journal: args.journal.clone(),
         cluster,
+        underlay,
     });
 
     runtime.block_on(async move {
@@ -272,6 +276,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(etcd) = etcd {
             follow_watch(shared.clone(), etcd);
         }
+        let expiry = crate::quarantine::spawn_expiry(shared.clone());
         let ticker = tokio::spawn(inventory::run(
             shared.clone(),
             source,
@@ -280,6 +285,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
         let served = server::serve(shared, &args.socket).await;
         ticker.abort();
+        expiry.abort();
         served
     })
 }

@@ -7,6 +7,7 @@ mod inventory;
 mod journal;
 mod memory;
 mod metrics;
+mod quarantine;
 mod server;
 mod standalone;
 

@@ -36,6 +36,10 @@ pub struct Metrics {
     pub pool_addresses: Family<PoolLabel, Gauge>,
     pub config_problems: Family<StateLabel, Gauge>,
     pub degraded: Gauge,
+    /// Addresses found in use by another host on a pod's link (each one quarantined).
+    pub conflicts: Counter,
+    /// Quarantined addresses, as of the last quarantine or expiry pass.
+    pub quarantined: Gauge,
     lost_races: Counter,
     /// Serialises scrapes (counters are advanced to the engine's totals while encoding).
     encoding: std::sync::Mutex<()>,
@@ -52,6 +56,18 @@ impl Metrics {
         let config_problems = Family::<StateLabel, Gauge>::default();
         let degraded = Gauge::default();
         let lost_races = Counter::default();
+        let conflicts = Counter::default();
+        let quarantined = Gauge::default();
+        registry.register(
+            "conflicts",
+            "Addresses another host answered for on a pod's link during an ADD's probe; each was quarantined and replaced",
+            conflicts.clone(),
+        );
+        registry.register(
+            "quarantined_addresses",
+            "Addresses held by a quarantine (a conflict seen on the link) until --quarantine-seconds have passed",
+            quarantined.clone(),
+        );
         registry.register(
             "lost_races",
             "Address races lost to another writer of the store (another agent); each was retried with another address",
@@ -92,6 +108,8 @@ impl Metrics {
             pool_addresses,
             config_problems,
             degraded,
+            conflicts,
+            quarantined,
             lost_races,
             encoding: Default::default(),
         }

@@ -34,9 +34,11 @@ pub struct Shared {
     pub journal: std::path::PathBuf,
     /// Cluster mode's indexes and API client (`--kubernetes`).
     pub cluster: Option<crate::cluster::Cluster>,
+    /// Probe defaults for the plugin, and how long quarantines last.
+    pub underlay: crate::quarantine::Underlay,
 }
 
-type Reply = Response<Full<Bytes>>;
+pub(crate) type Reply = Response<Full<Bytes>>;
 
 const MAX_BODY: usize = 1 << 20;
 
@@ -122,7 +124,7 @@ fn claim_socket_path(socket: &Path) -> anyhow::Result<()> {
     }
 }
 
-fn json<T: Serialize>(status: StatusCode, body: &T) -> Reply {
+pub(crate) fn json<T: Serialize>(status: StatusCode, body: &T) -> Reply {
     let mut r = Response::new(Full::new(Bytes::from(
         serde_json::to_vec(body).expect("serializable"),
     )));
@@ -280,6 +282,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
             }
             Err(reply) => reply,
         },
+        (Method::POST, api::QUARANTINE) => match body::<api::QuarantineRequest>(req).await {
+            Ok(r) => crate::quarantine::handle(shared, r).await,
+            Err(reply) => reply,
+        },
         _ => error(
             StatusCode::NOT_FOUND,
             codes::UNSUPPORTED_FIELD,
@@ -336,7 +342,7 @@ fn status(shared: &Shared) -> api::StatusResponse {
 }
 
 /// Runs engine work (store I/O, fsync) off the async threads, mapping errors to CNI codes.
-async fn blocking(
+pub(crate) async fn blocking(
     shared: &Arc<Shared>,
     verb: &'static str,
     f: impl FnOnce(&Shared) -> Result<Reply, AllocError> + Send + 'static,
@@ -433,7 +439,7 @@ fn classify(e: &AllocError) -> (StatusCode, u32, &'static str) {
     }
 }
 
-fn result(o: &AddOutcome) -> api::IpamResult {
+pub(crate) fn result(o: &AddOutcome) -> api::IpamResult {
     api::IpamResult {
         ips: o
             .allocations
@@ -452,11 +458,18 @@ fn result(o: &AddOutcome) -> api::IpamResult {
                 gw: Some(r.gw.to_string()),
             })
             .collect(),
+        probe: None,
     }
 }
 
-async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
-    let started = Instant::now();
+/// The engine's ADD for the plugin's request (also used to serve the ADD again after a
+/// quarantine). In cluster mode the pod, its namespace, the node and the interface's Multus
+/// network come from the indexes (returned too, for the pod's Endpoint); a pod that cannot be
+/// found or read is the reply.
+pub(crate) async fn add_request(
+    shared: &Shared,
+    r: &api::AddRequest,
+) -> Result<(AddRequest, Option<allot_index::PodRequest>), Reply> {
     let mut request = AddRequest {
         attachment: Attachment {
             container_id: r.container_id.clone(),
@@ -520,10 +533,19 @@ async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
                 };
                 shared.metrics.error(reason);
                 tracing::warn!(verb = "add", reason, "{why}");
-                return error(status, code, why, "");
+                return Err(error(status, code, why, ""));
             }
         }
     }
+    Ok((request, found))
+}
+
+async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
+    let started = Instant::now();
+    let (request, found) = match add_request(&shared, &r).await {
+        Ok(built) => built,
+        Err(reply) => return reply,
+    };
     let reply = blocking(&shared, "add", move |s| {
         let out = s.engine.add(&request)?;
         if let (Some(cluster), Some(pod)) = (&s.cluster, &found) {
@@ -535,7 +557,9 @@ async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
                 tracing::info!(address = %a.cidr(), pool = %a.pool, container = %request.attachment, pod = %format!("{}/{}", request.pod.namespace, request.pod.name), "allocated");
             }
         }
-        Ok(json(StatusCode::OK, &result(&out)))
+        // The plugin probes with these unless the network's config says otherwise.
+        let probe = s.underlay.probe;
+        Ok(json(StatusCode::OK, &api::IpamResult { probe, ..result(&out) }))
     })
     .await;
     shared

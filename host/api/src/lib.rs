@@ -7,6 +7,7 @@
 //! | `POST /v1/del`    | [`DelRequest`]   | `{}`             |
 //! | `POST /v1/check`  | [`AttachmentId`] | [`IpamResult`]   |
 //! | `POST /v1/gc`     | [`GcRequest`]    | [`GcResponse`]   |
+//! | `POST /v1/quarantine` | [`QuarantineRequest`] | [`IpamResult`] |
 //! | `GET /v1/status`  |                  | [`StatusResponse`] |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | | text |
 //!
@@ -22,6 +23,7 @@ pub const DEL: &str = "/v1/del";
 pub const CHECK: &str = "/v1/check";
 pub const GC: &str = "/v1/gc";
 pub const STATUS: &str = "/v1/status";
+pub const QUARANTINE: &str = "/v1/quarantine";
 pub const HEALTHZ: &str = "/healthz";
 pub const READYZ: &str = "/readyz";
 pub const METRICS: &str = "/metrics";
@@ -85,6 +87,83 @@ pub struct IpamResult {
     pub ips: Vec<IpConfig>,
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// ADD only: the agent's probe defaults (`--probe-*`), for a network whose config has no
+    /// `probe` section; absent while the agent's defaults probe nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeSettings>,
+}
+
+/// ARP/NDP probing of an ADD's addresses, as the network config's ipam `probe` section
+/// writes it (`{"conflict": true, "gateway": true, "tries": 3, "timeoutMs": 100}`) and as the
+/// agent's `--probe-*` defaults are sent to the plugin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProbeSettings {
+    /// Duplicate address detection of every address of the result before it is used.
+    #[serde(default)]
+    pub conflict: bool,
+    /// Whether each gateway of the result answers on the pod's interface.
+    #[serde(default)]
+    pub gateway: bool,
+    /// Requests per probe.
+    #[serde(default = "default_tries")]
+    pub tries: u32,
+    /// How long to listen after each request, in milliseconds.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_tries() -> u32 {
+    3
+}
+
+fn default_timeout_ms() -> u64 {
+    100
+}
+
+impl Default for ProbeSettings {
+    /// Off, with 3 × 100 ms once turned on.
+    fn default() -> Self {
+        ProbeSettings {
+            conflict: false,
+            gateway: false,
+            tries: default_tries(),
+            timeout_ms: default_timeout_ms(),
+        }
+    }
+}
+
+impl ProbeSettings {
+    /// Whether anything is probed (and so anything is sent on the pod's link).
+    pub fn enabled(&self) -> bool {
+        self.conflict || self.gateway
+    }
+}
+
+/// Addresses of an ADD that another host answered for on the pod's link: the agent moves each
+/// to a quarantine claim owned by the conflict and, when `replace`, serves the ADD again (the
+/// attachment gets other addresses for those families).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QuarantineRequest {
+    /// The ADD being served, as it was sent.
+    pub add: AddRequest,
+    pub conflicts: Vec<Conflict>,
+    /// Allocate replacements (false on the plugin's last round: it gives up and releases).
+    #[serde(default)]
+    pub replace: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Conflict {
+    /// The address alone, without prefix length.
+    pub address: String,
+    /// The MAC address of the host that answered for it (`aa:bb:cc:dd:ee:ff`).
+    pub mac: String,
+    /// The host was itself probing for the address (about to take it), not yet using it.
+    #[serde(default)]
+    pub contested: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -224,6 +303,12 @@ pub mod codes {
     pub const STORE_FAILED: u32 = 103;
     /// CHECK: what the agent holds differs from the runtime's prevResult.
     pub const CHECK_MISMATCH: u32 = 104;
+    /// ADD: other hosts kept answering for the addresses tried (the message names their MACs).
+    pub const ADDRESS_CONFLICT: u32 = 105;
+    /// ADD: a gateway did not answer on the pod's interface.
+    pub const GATEWAY_UNREACHABLE: u32 = 106;
+    /// ADD: a probe could not run (namespace, interface, carrier, permissions).
+    pub const PROBE_FAILED: u32 = 107;
 }
 
 #[cfg(test)]
@@ -249,5 +334,25 @@ mod tests {
             "{json}"
         );
         assert_eq!(serde_json::from_str::<AddRequest>(&json).unwrap(), req);
+    }
+
+    #[test]
+    fn probe_settings_take_the_documented_names_and_defaults() {
+        let p: ProbeSettings = serde_json::from_str(r#"{"conflict":true}"#).unwrap();
+        assert_eq!(
+            p,
+            ProbeSettings {
+                conflict: true,
+                ..ProbeSettings::default()
+            }
+        );
+        assert_eq!((p.tries, p.timeout_ms), (3, 100));
+        let p: ProbeSettings =
+            serde_json::from_str(r#"{"conflict":false,"gateway":true,"tries":5,"timeoutMs":20}"#)
+                .unwrap();
+        assert_eq!((p.gateway, p.tries, p.timeout_ms), (true, 5, 20));
+        assert!(!ProbeSettings::default().enabled());
+        let e = serde_json::from_str::<ProbeSettings>(r#"{"timeout_ms":20}"#).unwrap_err();
+        assert!(e.to_string().contains("timeout_ms"), "{e}");
     }
 }

@@ -99,6 +99,8 @@ pub fn claims_command(store: &StoreArgs, command: ClaimsCommand) -> anyhow::Resu
                             "ownerName": c.pod.owner_name,
                         },
                         "updatedAt": c.updated_at,
+                        // Quarantined: the MAC of the host found using the address.
+                        "conflictMac": c.pod.conflict_mac(),
                     })
                 })
                 .collect();
@@ -110,9 +112,10 @@ pub fn claims_command(store: &StoreArgs, command: ClaimsCommand) -> anyhow::Resu
                 "ADDRESS", "POOL", "NETWORK", "HOLDER", "POD"
             );
             for c in &claims {
-                let holder = match &c.attachment {
-                    Some(a) => format!("{}/{}", short(&a.container_id), a.interface),
-                    None => "(kept for the pod)".into(),
+                let holder = match (&c.attachment, c.pod.conflict_mac()) {
+                    (Some(a), _) => format!("{}/{}", short(&a.container_id), a.interface),
+                    (None, Some(mac)) => format!("(conflict {mac})"),
+                    (None, None) => "(kept for the pod)".into(),
                 };
                 println!(
                     "{:<40} {:<20} {:<16} {:<28} {:<32} {}",

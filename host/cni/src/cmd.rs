@@ -17,7 +17,7 @@ use crate::client::{CallError, Client};
 use crate::config::{self, CniVersion, Conf, IpamConf, SUPPORTED_VERSIONS};
 use crate::env::{CniEnv, Command};
 use crate::error::CniError;
-use crate::{journal, result};
+use crate::{journal, probe, result};
 
 /// Default bound on the exchange with the agent, per verb (ipam `timeout_ms` overrides all).
 /// ADD may run conflict and gateway probes (three tries of 100 ms per address, plus retries on
@@ -165,7 +165,7 @@ fn dispatch(env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<Option<Str
     let version = config::cni_version(conf)?;
     require_version(env.command, version)?;
     match env.command {
-        Command::Add => add(env, conf, version).map(Some),
+        Command::Add => add(env, conf, version, log).map(Some),
         Command::Del => del(env, conf, log).map(|()| None),
         Command::Check => check(env, conf).map(|()| None),
         Command::Status => status(env, conf).map(|()| None),
@@ -229,7 +229,12 @@ fn decode_answer<T: serde::de::DeserializeOwned>(
     })
 }
 
-fn add(env: &CniEnv, conf: &Conf, version: CniVersion) -> Result<String, CniError> {
+fn add(
+    env: &CniEnv,
+    conf: &Conf,
+    version: CniVersion,
+    log: &mut dyn Write,
+) -> Result<String, CniError> {
     let attachment = env.attachment()?;
     let netns = env.netns()?.to_owned();
     let pod = env.cni_args()?.pod_identity()?;
@@ -253,7 +258,67 @@ fn add(env: &CniEnv, conf: &Conf, version: CniVersion) -> Result<String, CniErro
         .post(allot_api::ADD, &request)
         .map_err(|e| agent_error(e, &client))?;
     let answer: IpamResult = decode_answer(&body, &client)?;
+    // The network's own section wins, as a whole; without one, the agent's defaults.
+    let settings = ipam.probe.or(answer.probe).filter(|p| p.enabled());
+    let answer = match settings {
+        None => answer,
+        Some(settings) => {
+            let mut agent = ProbeAgent {
+                client: &client,
+                env,
+                conf,
+                log: Vec::new(),
+            };
+            let settled = probe::settle(
+                std::path::Path::new(&request.netns),
+                &request.if_name,
+                settings,
+                &request,
+                answer,
+                &mut agent,
+                log,
+            );
+            let _ = log.write_all(&agent.log);
+            settled?
+        }
+    };
     result::render(&answer, version)
+}
+
+/// The agent as the probe flow sees it: quarantine over the socket, release as a DEL (so that
+/// it is journaled when the agent has gone away meanwhile).
+struct ProbeAgent<'a> {
+    client: &'a Client,
+    env: &'a CniEnv,
+    conf: &'a Conf,
+    log: Vec<u8>,
+}
+
+impl probe::Agent for ProbeAgent<'_> {
+    fn quarantine(
+        &mut self,
+        request: &allot_api::QuarantineRequest,
+    ) -> Result<Option<IpamResult>, CniError> {
+        let body = self
+            .client
+            .post(allot_api::QUARANTINE, request)
+            .map_err(|e| agent_error(e, self.client))?;
+        if !request.replace {
+            return Ok(None);
+        }
+        decode_answer(&body, self.client).map(Some)
+    }
+
+    fn release(&mut self) {
+        if let Err(e) = del(self.env, self.conf, &mut self.log) {
+            let _ = writeln!(
+                self.log,
+                "allot: ADD failed and releasing its addresses failed too ({}): the runtime's \
+                 DEL or GC will release them",
+                e.msg
+            );
+        }
+    }
 }
 
 /// DEL never fails because the agent is down or stuck: the pod must be able to go away. The

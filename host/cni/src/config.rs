@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use allot_api::{AttachmentId, DEFAULT_JOURNAL, DEFAULT_SOCKET};
+use allot_api::{AttachmentId, DEFAULT_JOURNAL, DEFAULT_SOCKET, ProbeSettings};
 use serde_json::{Map, Value};
 
 use crate::error::CniError;
@@ -127,6 +127,10 @@ pub struct IpamConf {
     /// `journal`: the directory where a DEL the agent could not take is remembered for the
     /// agent to replay (default `/var/lib/allot/journal`; the agent's `--journal`).
     pub journal: PathBuf,
+    /// `probe`: ARP/NDP probing of the ADD's addresses on the pod's link. `None`: the agent's
+    /// defaults (`--probe-*`) apply; a section, even one that turns everything off, wins over
+    /// them as a whole.
+    pub probe: Option<ProbeSettings>,
     /// Keys allot does not know, with their values rendered as JSON.
     pub unknown: Vec<(String, String)>,
 }
@@ -139,6 +143,7 @@ const IPAM_FIELDS: &[&str] = &[
     "default_ipv6_ippool",
     "timeout_ms",
     "journal",
+    "probe",
 ];
 
 /// `timeout_ms` above this is surely a mistake (ten minutes).
@@ -155,6 +160,7 @@ impl Default for IpamConf {
             default_ipv6_pools: Vec::new(),
             timeout: None,
             journal: PathBuf::from(DEFAULT_JOURNAL),
+            probe: None,
             unknown: Vec::new(),
         }
     }
@@ -217,10 +223,39 @@ pub fn ipam(conf: &Conf) -> Result<IpamConf, CniError> {
             "default_ipv6_ippool" => out.default_ipv6_pools = pool_list(key, value)?,
             "timeout_ms" => out.timeout = Some(timeout(value)?),
             "journal" => out.journal = journal_dir(value)?,
+            "probe" => out.probe = Some(probe_section(value)?),
             _ => out.unknown.push((key.clone(), value.to_string())),
         }
     }
     Ok(out)
+}
+
+/// `ipam.probe`: `{"conflict": bool, "gateway": bool, "tries": 1-100, "timeoutMs": 1-10000}`,
+/// every field optional (off, off, 3, 100).
+fn probe_section(value: &Value) -> Result<ProbeSettings, CniError> {
+    const FORM: &str = "{\"conflict\": true, \"gateway\": true, \"tries\": 3, \"timeoutMs\": 100}";
+    if !value.is_object() {
+        return Err(CniError::invalid_config(format!(
+            "ipam.probe must be an object like {FORM}, not {}",
+            kind(value)
+        )));
+    }
+    let settings: ProbeSettings = serde_json::from_value(value.clone())
+        .map_err(|e| CniError::invalid_config(format!("ipam.probe: {e} (expected {FORM})")))?;
+    probe_config(&settings).map_err(|e| CniError::invalid_config(format!("ipam.probe: {e}")))?;
+    Ok(settings)
+}
+
+/// The probe crate's configuration for `settings`, checked against its bounds.
+pub fn probe_config(settings: &ProbeSettings) -> Result<allot_probe::ProbeConfig, String> {
+    let cfg = allot_probe::ProbeConfig {
+        tries: settings.tries,
+        timeout: Duration::from_millis(settings.timeout_ms),
+        ..allot_probe::ProbeConfig::default()
+    };
+    cfg.validate()
+        .map_err(|e| e.to_string().replace("timeout is", "timeoutMs is"))?;
+    Ok(cfg)
 }
 
 fn socket_path(value: &Value) -> Result<PathBuf, CniError> {
@@ -451,10 +486,63 @@ mod tests {
                 default_ipv6_pools: vec!["p6".into()],
                 timeout: Some(Duration::from_millis(1500)),
                 journal: "/run/j".into(),
+                probe: None,
                 unknown: vec![],
             }
         );
         assert!(ipam.reject_unknown().is_ok());
+    }
+
+    #[test]
+    fn probe_section() {
+        let probe = |section: &str| {
+            ipam(&conf(&format!(
+                r#"{{"ipam":{{"type":"allot","probe":{section}}}}}"#
+            )))
+        };
+        assert_eq!(
+            probe(r#"{"conflict":true,"gateway":true,"tries":3,"timeoutMs":100}"#)
+                .unwrap()
+                .probe,
+            Some(ProbeSettings {
+                conflict: true,
+                gateway: true,
+                tries: 3,
+                timeout_ms: 100
+            })
+        );
+        // Omitted fields: off, 3 tries of 100 ms. An explicit section that turns everything
+        // off is kept (it overrides the agent's defaults).
+        assert_eq!(
+            probe(r#"{"gateway":true}"#).unwrap().probe,
+            Some(ProbeSettings {
+                gateway: true,
+                ..ProbeSettings::default()
+            })
+        );
+        assert_eq!(probe("{}").unwrap().probe, Some(ProbeSettings::default()));
+        assert_eq!(
+            ipam(&conf(r#"{"ipam":{"type":"allot"}}"#)).unwrap().probe,
+            None
+        );
+        for (bad, says) in [
+            (r#"{"tries":0}"#, "tries is 0: use 1 to 100"),
+            (r#"{"tries":101}"#, "tries is 101"),
+            (r#"{"tries":-1}"#, "invalid value"),
+            (r#"{"timeoutMs":0}"#, "timeoutMs is 0ns: use 1 ms to 10 s"),
+            (r#"{"timeoutMs":20000}"#, "timeoutMs is 20s"),
+            (r#"{"conflict":"yes"}"#, "expected a boolean"),
+            (r#"{"timeout_ms":100}"#, "unknown field `timeout_ms`"),
+            (r#"true"#, "must be an object"),
+            (r#"null"#, "must be an object"),
+        ] {
+            let e = probe(bad).unwrap_err();
+            assert_eq!(e.code, codes::INVALID_NETWORK_CONFIG, "{bad}");
+            assert!(
+                e.msg.contains("ipam.probe") && e.msg.contains(says),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -216,6 +216,7 @@ mod tests {
                 dst: "0.0.0.0/0".into(),
                 gw: Some("10.0.0.1".into()),
             }],
+            probe: None,
         }
     }
 

@@ -313,6 +313,7 @@ fn dual_stack_result() -> IpamResult {
             dst: "10.7.0.0/16".into(),
             gw: Some("10.6.0.254".into()),
         }],
+        probe: None,
     }
 }
 

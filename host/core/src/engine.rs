@@ -346,6 +346,42 @@ impl<S: Store, P: Policy> Engine<S, P> {
 
     pub fn add(&self, req: &AddRequest) -> Result<AddOutcome, AllocError> {
         let _serial = self.lock_attachment(&req.attachment);
+        self.add_locked(req)
+    }
+
+    /// Quarantines addresses of `req`'s attachment that another host was found using on the
+    /// link (each `(address, MAC)`), then, when `replace`, serves the ADD again: the
+    /// attachment now lacks those families, so it gets fresh addresses for them (never a
+    /// quarantined one: it stays claimed). Each quarantine is one store write that moves the
+    /// claim from the attachment to [`PodRef::conflict`], so the address is never free in
+    /// between; an address the attachment no longer holds (a DEL came first) fails with
+    /// [`StoreError::Stale`]. Returns the quarantined claims and, when `replace`, the outcome.
+    pub fn quarantine(
+        &self,
+        req: &AddRequest,
+        conflicts: &[(IpAddr, String)],
+        replace: bool,
+    ) -> Result<(Vec<Claim>, Option<AddOutcome>), AllocError> {
+        let _serial = self.lock_attachment(&req.attachment);
+        let mut quarantined = Vec::with_capacity(conflicts.len());
+        for (address, mac) in conflicts {
+            let holder = PodRef::conflict(mac);
+            quarantined.push(self.store.quarantine(
+                *address,
+                &req.attachment,
+                &holder,
+                self.now(),
+            )?);
+        }
+        let outcome = if replace {
+            Some(self.add_locked(req)?)
+        } else {
+            None
+        };
+        Ok((quarantined, outcome))
+    }
+
+    fn add_locked(&self, req: &AddRequest) -> Result<AddOutcome, AllocError> {
         self.sync().map_err(load_to_alloc)?;
         let held = self.store.claims_of(&req.attachment)?;
         let decided = self.decide(req);

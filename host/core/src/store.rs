@@ -37,7 +37,37 @@ impl PodRef {
     pub fn is_stateful(&self) -> bool {
         self.owner_kind.as_deref() == Some("StatefulSet")
     }
+
+    /// The holder of an address quarantined because the host at `mac` answered for it on the
+    /// link (see [`Store::quarantine`]). Its namespace cannot be a Kubernetes namespace (a dot)
+    /// and its name cannot be a pod's (colons), so no pod ever takes the address back or is
+    /// mistaken for it; `claims_of_pod(QUARANTINE_NAMESPACE, mac)` lists what one foreign host
+    /// was found holding.
+    pub fn conflict(mac: &str) -> PodRef {
+        PodRef {
+            namespace: QUARANTINE_NAMESPACE.to_string(),
+            name: mac.to_string(),
+            uid: String::new(),
+            owner_kind: Some(CONFLICT_KIND.to_string()),
+            owner_name: Some(mac.to_string()),
+        }
+    }
+
+    /// Whether this is the holder of a quarantined address ([`PodRef::conflict`]).
+    pub fn is_conflict(&self) -> bool {
+        self.namespace == QUARANTINE_NAMESPACE && self.owner_kind.as_deref() == Some(CONFLICT_KIND)
+    }
+
+    /// The MAC address that answered for a quarantined address.
+    pub fn conflict_mac(&self) -> Option<&str> {
+        self.is_conflict().then_some(self.name.as_str())
+    }
 }
+
+/// `PodRef::namespace` of a quarantined address.
+pub const QUARANTINE_NAMESPACE: &str = "allot.quarantine";
+/// `PodRef::owner_kind` of a quarantined address.
+pub const CONFLICT_KIND: &str = "Conflict";
 
 /// An allocated address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,8 +81,16 @@ pub struct Claim {
     /// between its DEL and its next ADD.
     pub attachment: Option<Attachment>,
     pub pod: PodRef,
-    /// Unix seconds of creation (or of the last attach/detach).
+    /// Unix seconds of creation (or of the last attach/detach/quarantine).
     pub updated_at: u64,
+}
+
+impl Claim {
+    /// Held by a conflict seen on the link ([`Store::quarantine`]): detached, owned by
+    /// [`PodRef::conflict`]. Released by expiry only, never by GC or a pod.
+    pub fn is_quarantined(&self) -> bool {
+        self.attachment.is_none() && self.pod.is_conflict()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -188,6 +226,19 @@ pub trait Store: Send + Sync {
         claims.pop().ok_or(StoreError::Stale(address))
     }
 
+    /// Takes `address` away from `attachment` and gives it to `holder` (a
+    /// [`PodRef::conflict`]), detached, with `updated_at = now`, in one write: the address stays
+    /// claimed throughout, so it is never free between the attachment and the quarantine.
+    /// Fails with [`StoreError::Stale`] unless `attachment` holds `address` now. Returns the
+    /// claim as stored. The change feed reports it as [`ChangeKind::Updated`].
+    fn quarantine(
+        &self,
+        address: IpAddr,
+        attachment: &Attachment,
+        holder: &PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError>;
+
     /// The claims `attachment` holds.
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError>;
 
@@ -250,6 +301,15 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         now: u64,
     ) -> Result<Claim, StoreError> {
         (**self).reattach(address, pod, attachment, now)
+    }
+    fn quarantine(
+        &self,
+        address: IpAddr,
+        attachment: &Attachment,
+        holder: &PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        (**self).quarantine(address, attachment, holder, now)
     }
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
         (**self).claims_of(attachment)
@@ -496,6 +556,30 @@ impl Store for MemoryStore {
         for c in &out {
             state.record(c.address, ChangeKind::Updated, at);
         }
+        Ok(out)
+    }
+
+    fn quarantine(
+        &self,
+        address: IpAddr,
+        attachment: &Attachment,
+        holder: &PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        let at = self.now();
+        let mut state = self.lock();
+        let Some(c) = state
+            .claims
+            .get_mut(&address)
+            .filter(|c| c.attachment.as_ref() == Some(attachment))
+        else {
+            return Err(StoreError::Stale(address));
+        };
+        c.attachment = None;
+        c.pod = holder.clone();
+        c.updated_at = now;
+        let out = c.clone();
+        state.record(address, ChangeKind::Updated, at);
         Ok(out)
     }
 

@@ -405,6 +405,15 @@ impl Store for RacingStore {
     fn detach(&self, a: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
         self.inner.detach(a, now)
     }
+    fn quarantine(
+        &self,
+        addr: IpAddr,
+        a: &Attachment,
+        holder: &PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        self.inner.quarantine(addr, a, holder, now)
+    }
     fn claims_of(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
         self.inner.claims_of(a)
     }

@@ -196,6 +196,15 @@ impl Store for Watched {
     fn detach(&self, a: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
         self.inner.detach(a, now)
     }
+    fn quarantine(
+        &self,
+        addr: IpAddr,
+        a: &Attachment,
+        holder: &PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        self.inner.quarantine(addr, a, holder, now)
+    }
     fn claims_of(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
         self.inner.claims_of(a)
     }
@@ -572,4 +581,114 @@ fn a_policy_ordering_a_disabled_pool_is_refused_by_the_host() {
         "{msg}"
     );
     assert!(e.store().all().unwrap().is_empty(), "nothing was claimed");
+}
+
+/// An address found in use on the link is quarantined: the attachment gets the next address in
+/// the same call, the quarantined one stays claimed by the conflict (never by GC's leak
+/// verdict, never by the StatefulSet keep time), and is released only once its quarantine
+/// has expired, then cools down like any release.
+#[test]
+fn a_quarantined_address_is_replaced_kept_from_gc_and_expires() {
+    let config = EngineConfig {
+        gc_grace: 0,
+        cooldown: 30,
+        stateful_keep: 10,
+        ..quick()
+    };
+    let (e, now) = clocked(config, 1000);
+    e.load(
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.12"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    let req = add_req("c1", "eth0", &["a"], &[]);
+    let first = addresses(&e.add(&req).unwrap());
+    assert_eq!(first, [ip("10.0.0.10")]);
+
+    now.store(1010, Ordering::SeqCst);
+    let mac = "02:00:00:00:00:99".to_string();
+    let (quarantined, outcome) = e
+        .quarantine(&req, &[(first[0], mac.clone())], true)
+        .unwrap();
+    assert_eq!(quarantined.len(), 1);
+    assert!(quarantined[0].is_quarantined(), "{quarantined:?}");
+    assert_eq!(quarantined[0].pod.conflict_mac(), Some(mac.as_str()));
+    assert_eq!(quarantined[0].updated_at, 1010);
+    let outcome = outcome.unwrap();
+    assert_eq!(addresses(&outcome), [ip("10.0.0.11")], "the next address");
+    assert_eq!(outcome.claimed, [ip("10.0.0.11")]);
+    assert_eq!(e.usage()[0].free, 1, "10.0.0.10 stays claimed");
+
+    // Quarantining again what the attachment no longer holds is stale, and changes nothing.
+    assert!(matches!(
+        e.quarantine(&req, &[(first[0], mac.clone())], true),
+        Err(AllocError::Store(StoreError::Stale(_)))
+    ));
+
+    // GC (no attachment is valid any more) and the StatefulSet keep time leave it alone.
+    let none = BTreeSet::new();
+    now.store(2000, Ordering::SeqCst);
+    e.gc("net-a", &none).unwrap();
+    let report = e.gc("net-a", &none).unwrap();
+    assert_eq!(
+        report
+            .released
+            .iter()
+            .map(|c| c.address)
+            .collect::<Vec<_>>(),
+        [ip("10.0.0.11")],
+        "GC releases the leaked attachment only"
+    );
+    assert!(e.expire_kept().unwrap().is_empty());
+
+    // Not yet expired, then expired: released and cooling, not free at once.
+    let (released, kept) = e.expire_quarantined(3600).unwrap();
+    assert!(released.is_empty());
+    assert_eq!(kept.len(), 1);
+    now.store(1010 + 3600, Ordering::SeqCst);
+    let (released, kept) = e.expire_quarantined(3600).unwrap();
+    assert_eq!(
+        released.iter().map(|c| c.address).collect::<Vec<_>>(),
+        [ip("10.0.0.10")]
+    );
+    assert!(kept.is_empty());
+    assert!(e.store().all().unwrap().is_empty());
+    e.tick().unwrap();
+    let usage = &e.usage()[0];
+    assert_eq!(
+        (usage.free, usage.cooling),
+        (2, 1),
+        "10.0.0.10 cools down, the others are free"
+    );
+}
+
+/// A quarantine without replacement (the plugin's last round) quarantines and claims nothing
+/// new; the attachment keeps its other families.
+#[test]
+fn a_quarantine_without_replacement_claims_nothing() {
+    let e = engine_on(
+        MemoryStore::new(),
+        vec![
+            pool("v4", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None),
+            pool("v6", "fd00::/64", &["fd00::10-fd00::15"], None),
+        ],
+        quick(),
+    );
+    let req = add_req("c1", "eth0", &["v4"], &["v6"]);
+    let got = addresses(&e.add(&req).unwrap());
+    let (q, outcome) = e
+        .quarantine(&req, &[(got[1], "02:00:00:00:00:01".into())], false)
+        .unwrap();
+    assert_eq!(q[0].address, got[1]);
+    assert!(outcome.is_none());
+    let held: Vec<IpAddr> = e
+        .store()
+        .claims_of(&att("c1", "eth0"))
+        .unwrap()
+        .iter()
+        .map(|c| c.address)
+        .collect();
+    assert_eq!(held, [got[0]]);
+    assert_eq!(e.store().all().unwrap().len(), 2);
 }

@@ -85,6 +85,7 @@ macro_rules! store_contract_tests {
             reattach_of_attached_or_missing_is_stale
             release_detached_with_none
             release_attachment_leaves_detached_claims
+            quarantine_moves_one_claim_to_the_conflict
             all_lists_everything
             ipv4_and_ipv6
             fields_round_trip
@@ -666,6 +667,100 @@ pub fn release_detached_with_none(store: &dyn Store) {
         must("detached_of", store.detached_of("db", "pg-0")),
         vec![claim("10.0.0.2", "p", None, &p, T0 + 10)]
     );
+}
+
+/// A quarantine moves one claim from its attachment to the conflict that holds it on the link:
+/// the address stays claimed (a fresh claim of it conflicts), the attachment keeps its other
+/// claims, the pod no longer sees it, a DEL of the attachment does not release it, only the
+/// attachment that holds an address can have it quarantined, and the feed reports an update.
+pub fn quarantine_moves_one_claim_to_the_conflict(store: &dyn Store) {
+    let a = attachment("c1", "eth0");
+    let p = pod("ns", "web", "uid-1");
+    let v4 = claim("10.0.0.1", "p", Some(&a), &p, T0);
+    let v6 = claim("fd00::1", "p6", Some(&a), &p, T0);
+    must("claim", store.claim(&[v4.clone(), v6.clone()]));
+    let before = must("snapshot", store.snapshot(0)).revision;
+    let holder = PodRef::conflict("02:42:ac:11:00:07");
+    let expected = Claim {
+        attachment: None,
+        pod: holder.clone(),
+        updated_at: T0 + 10,
+        ..v4.clone()
+    };
+    let q = must(
+        "quarantine",
+        store.quarantine(ip("10.0.0.1"), &a, &holder, T0 + 10),
+    );
+    assert_eq!(q, expected);
+    assert!(q.is_quarantined());
+    assert_eq!(q.pod.conflict_mac(), Some("02:42:ac:11:00:07"));
+    assert_eq!(
+        must("claims_of", store.claims_of(&a)),
+        vec![v6.clone()],
+        "the attachment keeps its other family"
+    );
+    assert_eq!(
+        sorted(must("claims_of_pod", store.claims_of_pod("ns", "web"))),
+        vec![v6.clone()],
+        "the pod no longer holds the quarantined address"
+    );
+    assert_eq!(
+        must(
+            "claims_of_pod",
+            store.claims_of_pod(&holder.namespace, &holder.name)
+        ),
+        vec![expected.clone()],
+        "what the foreign host holds"
+    );
+    assert_eq!(must("detached", store.detached()), vec![expected.clone()]);
+    assert_eq!(
+        store.claim(&[claim(
+            "10.0.0.1",
+            "p",
+            Some(&attachment("c2", "eth0")),
+            &p,
+            T0
+        )]),
+        Err(StoreError::Conflict(ip("10.0.0.1"))),
+        "a quarantined address stays claimed"
+    );
+    // Only the holder can have an address quarantined; a quarantined one cannot be again.
+    for (address, by) in [
+        ("fd00::1", attachment("c2", "eth0")),
+        ("10.0.0.1", a.clone()),
+        ("10.0.0.9", a.clone()),
+    ] {
+        assert_eq!(
+            store.quarantine(ip(address), &by, &holder, T0 + 20),
+            Err(StoreError::Stale(ip(address))),
+            "{address} by {by}"
+        );
+    }
+    let feed = settled(|| match store.changes_since(before) {
+        Ok(allot_core::store::Changes::Since { changes, .. }) if !changes.is_empty() => Ok(changes),
+        Ok(_) => Err(Vec::new()),
+        Err(e) => panic!("changes_since: {e}"),
+    });
+    assert_eq!(
+        feed.iter().map(|c| (c.address, c.kind)).collect::<Vec<_>>(),
+        vec![(ip("10.0.0.1"), allot_core::store::ChangeKind::Updated)],
+        "one update, no release"
+    );
+    // DEL of the attachment releases what it still holds, not the quarantined address.
+    assert_eq!(
+        must("release_attachment", store.release_attachment(&a)),
+        vec![v6]
+    );
+    assert_eq!(all(store), vec![expected.clone()]);
+    // Expiry releases it as a detached claim, unchanged since it was read.
+    assert_eq!(
+        must(
+            "release_unchanged",
+            store.release_unchanged(std::slice::from_ref(&expected))
+        ),
+        vec![expected]
+    );
+    assert_eq!(all(store), vec![]);
 }
 
 /// DEL of an attachment whose claims were detached releases nothing: they are kept for the pod.

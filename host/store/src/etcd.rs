@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use crate::blocking::Blocking;
 use allot_core::store::{
-    Attachment, Changes, Claim, Clock, Reattach, Snapshot, Store, StoreError, system_clock,
+    Attachment, Changes, Claim, Clock, PodRef, Reattach, Snapshot, Store, StoreError, system_clock,
 };
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
@@ -305,6 +305,17 @@ impl Store for EtcdStore {
     fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
         let attachment = attachment.clone();
         self.run(move |s| async move { s.detach(attachment, now).await })
+    }
+
+    fn quarantine(
+        &self,
+        address: std::net::IpAddr,
+        attachment: &Attachment,
+        holder: &PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        let (attachment, holder) = (attachment.clone(), holder.clone());
+        self.run(move |s| async move { s.quarantine(address, attachment, holder, now).await })
     }
 
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {

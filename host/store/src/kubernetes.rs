@@ -294,6 +294,17 @@ impl Store for KubeStore {
         self.run(move |s| async move { s.detach(attachment, now).await })
     }
 
+    fn quarantine(
+        &self,
+        address: std::net::IpAddr,
+        attachment: &Attachment,
+        holder: &allot_core::store::PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        let (attachment, holder) = (attachment.clone(), holder.clone());
+        self.run(move |s| async move { s.quarantine(address, attachment, holder, now).await })
+    }
+
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
         Ok(self.inner.mirror.claims_of(attachment))
     }

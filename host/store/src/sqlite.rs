@@ -51,7 +51,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use allot_core::store::{
-    Attachment, Change, ChangeKind, Changes, Claim, Reattach, Snapshot, Store, StoreError,
+    Attachment, Change, ChangeKind, Changes, Claim, PodRef, Reattach, Snapshot, Store, StoreError,
 };
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, params};
 mod schema;
@@ -419,6 +419,41 @@ impl Store for SqliteStore {
                 params![attachment.container_id, attachment.interface, now],
             )
         })
+    }
+
+    fn quarantine(
+        &self,
+        address: IpAddr,
+        attachment: &Attachment,
+        holder: &PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        let what = format!("cannot quarantine {address}");
+        let now = i64::try_from(now)
+            .map_err(|_| StoreError::Backend(format!("{what}: time {now} is out of range")))?;
+        let mut moved = self.write(&what, |tx| {
+            self.rows(
+                tx,
+                &what,
+                &format!(
+                    "UPDATE claims SET container_id = NULL, interface = NULL, pod_namespace = ?4, \
+                     pod_name = ?5, pod_uid = ?6, owner_kind = ?7, owner_name = ?8, updated_at = ?9 \
+                     WHERE address = ?1 AND container_id = ?2 AND interface = ?3 RETURNING {COLUMNS}"
+                ),
+                params![
+                    address.to_string(),
+                    attachment.container_id,
+                    attachment.interface,
+                    holder.namespace,
+                    holder.name,
+                    holder.uid,
+                    holder.owner_kind,
+                    holder.owner_name,
+                    now
+                ],
+            )
+        })?;
+        moved.pop().ok_or(StoreError::Stale(address))
     }
 
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {

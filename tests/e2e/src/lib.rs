@@ -415,7 +415,7 @@ impl Agent {
     }
 
     /// [`Agent::start`] with flags replacing the lab's defaults (e.g. `("--cooldown-seconds",
-    /// "30")`).
+    /// "30")`; a switch takes an empty value: `("--probe-conflict", "")`).
     pub fn start_with(pools: &str, flags: &[(&str, &str)]) -> Agent {
         let mut agent = Self::unstarted(flags);
         let pools_dir = agent.dir.path().join("pools");
@@ -573,6 +573,7 @@ impl Agent {
             .arg("--journal")
             .arg(self.journal());
         for (flag, value) in self.flags() {
+            // A switch (`--kubernetes`, `--probe-conflict`) is given with an empty value.
             command.arg(flag);
             if !value.is_empty() {
                 command.arg(value);

@@ -88,15 +88,30 @@ impl<S: Store, P: Policy> Engine<S, P> {
     }
 
     /// Releases kept StatefulSet addresses whose pod has not come back within the keep time.
+    /// Quarantined addresses are left to [`Engine::expire_quarantined`].
     pub fn expire_kept(&self) -> Result<Vec<Claim>, AllocError> {
         let now = self.now();
         let due: Vec<Claim> = self
             .store
             .detached()?
             .into_iter()
-            .filter(|c| gc::kept_too_long(c, now, self.config.stateful_keep))
+            .filter(|c| !c.is_quarantined() && gc::kept_too_long(c, now, self.config.stateful_keep))
             .collect();
         self.release_batches(&due)
+    }
+
+    /// Releases quarantined addresses (see [`Engine::quarantine`]) older than `max_age`
+    /// seconds, each only if unchanged since it was read. Returns the released claims and the
+    /// quarantined ones that remain.
+    pub fn expire_quarantined(&self, max_age: u64) -> Result<(Vec<Claim>, Vec<Claim>), AllocError> {
+        let now = self.now();
+        let (due, kept): (Vec<Claim>, Vec<Claim>) = self
+            .store
+            .detached()?
+            .into_iter()
+            .filter(Claim::is_quarantined)
+            .partition(|c| c.updated_at.saturating_add(max_age) <= now);
+        Ok((self.release_batches(&due)?, kept))
     }
 
     /// Releases `due` (each only if unchanged since it was read), a batch per transaction.

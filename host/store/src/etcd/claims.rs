@@ -434,6 +434,41 @@ impl Inner {
         .await
     }
 
+    pub(super) async fn quarantine(
+        &self,
+        address: IpAddr,
+        attachment: allot_core::store::Attachment,
+        holder: allot_core::store::PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        let reads = self.read_existing(&[address]).await?;
+        let quarantine = |c: &Claim, ops: &mut Vec<TxnOp>| {
+            self.index_deletes(c, ops);
+            ops.push(TxnOp::delete(self.pod_index(c), None));
+            let mut c = c.clone();
+            c.attachment = None;
+            c.pod = holder.clone();
+            c.updated_at = now;
+            ops.push(TxnOp::put(
+                self.keys.claim(c.address),
+                keys::encode(&c),
+                None,
+            ));
+            self.index_puts(&c, ops);
+            ops.push(TxnOp::put(self.pod_index(&c), "", None));
+            c
+        };
+        let mut moved = self
+            .guarded_writes(
+                reads,
+                |c| c.attachment.as_ref() == Some(&attachment),
+                quarantine,
+                "quarantined",
+            )
+            .await?;
+        moved.pop().ok_or(StoreError::Stale(address))
+    }
+
     /// Every key under `prefix` at one revision (`None`: the current one), page by page.
     /// Returns the revision read at.
     pub(super) async fn list(

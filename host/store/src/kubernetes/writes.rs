@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 
 use allot_core::block::{block_name, block_of};
-use allot_core::store::{Attachment, Claim, Reattach, StoreError, unchanged};
+use allot_core::store::{Attachment, Claim, PodRef, Reattach, StoreError, unchanged};
 use kube::api::PostParams;
 
 use super::mirror::Block;
@@ -366,6 +366,31 @@ impl Inner {
             } else {
                 Edit::Write(out)
             })
+        })
+        .await
+    }
+}
+
+impl Inner {
+    pub(super) async fn quarantine(
+        &self,
+        address: IpAddr,
+        attachment: Attachment,
+        holder: PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        self.change_block(address, |block| {
+            let Some(c) = block
+                .claims
+                .get_mut(&address)
+                .filter(|c| c.attachment.as_ref() == Some(&attachment))
+            else {
+                return Err(StoreError::Stale(address));
+            };
+            c.attachment = None;
+            c.pod = holder.clone();
+            c.updated_at = now;
+            Ok(Edit::Write(c.clone()))
         })
         .await
     }

@@ -1,0 +1,306 @@
+//! ADD's optional probes: is each address already used on the pod's link, does each gateway
+//! answer there.
+//!
+//! # Why the plugin probes, not the agent
+//!
+//! The plugin is the process the runtime runs for this pod, as root, with `CNI_NETNS` and
+//! `CNI_IFNAME` in hand, at the moment the interface exists: Debian's `bridge` and `macvlan`
+//! create `CNI_IFNAME` in the pod's namespace (down, without an address) before they call IPAM.
+//! Probing from there sends the frames from the pod's own interface and MAC onto exactly the
+//! segment the pod will use, whatever the main plugin (bridge port, macvlan, ipvlan, SR-IOV VF).
+//! The agent would have to enter every pod's namespace itself (a privileged, long-lived daemon
+//! juggling namespaces on its threads), and would add a second round trip per probe; probing
+//! from the node's side of the link instead (the bridge, the macvlan master) does not exist for
+//! every topology (an SR-IOV VF has no node-side port) and sees another MAC than the pod's.
+//! The agent only keeps the store side: quarantine, replacement, expiry.
+//!
+//! # The flow
+//!
+//! The agent allocates; the plugin enters the namespace once per round ([`allot_probe::with_link`],
+//! which raises the interface if it is down and restores it) and probes every address of the
+//! result for conflicts, one after another, then (only when none conflicts) every gateway. On a
+//! conflict it asks the agent (`POST /v1/quarantine`) to move the address to a quarantine claim
+//! owned by the conflicting MAC and to allocate another one for the same attachment (the
+//! address stays claimed throughout, so it can never be handed out twice), and probes again: at
+//! most [`ROUNDS`] replacements, then it gives up. Once every address is free and every
+//! gateway answers, each address is announced (gratuitous ARP, unsolicited Neighbor
+//! Advertisement). Every failure (conflicts left, gateway silent, probe impossible) releases
+//! what the ADD allocated (through DEL, so it is journaled if the agent is gone) before the
+//! error is returned: a failed ADD leaks nothing but the quarantined addresses, which expire.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::Path;
+
+use allot_api::{AddRequest, Conflict, IpamResult, ProbeSettings, QuarantineRequest, codes};
+use allot_probe::{GatewayOutcome, ProbeOutcome};
+
+use crate::error::CniError;
+
+/// Replacement rounds after the first allocation: a pod gets at most `1 + ROUNDS` tries per
+/// family before the ADD fails with the MACs seen.
+pub const ROUNDS: usize = 3;
+
+/// What one round of probes found.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Clean { announce_failures: Vec<String> },
+    Conflicts(Vec<Conflict>),
+    GatewayDown(IpAddr),
+}
+
+/// The agent, as the flow needs it (a trait so that the flow is tested without a socket).
+pub trait Agent {
+    /// `POST /v1/quarantine`; with `replace`, the new result.
+    fn quarantine(&mut self, request: &QuarantineRequest) -> Result<Option<IpamResult>, CniError>;
+    /// Gives back what the ADD allocated (a DEL of the attachment).
+    fn release(&mut self);
+}
+
+/// Probes `result` on `ifname` in `netns` as `settings` say, quarantining and replacing
+/// conflicting addresses; returns the result to print.
+pub fn settle(
+    netns: &Path,
+    ifname: &str,
+    settings: ProbeSettings,
+    request: &AddRequest,
+    mut result: IpamResult,
+    agent: &mut dyn Agent,
+    log: &mut dyn Write,
+) -> Result<IpamResult, CniError> {
+    let cfg = crate::config::probe_config(&settings).map_err(|e| {
+        agent.release();
+        CniError::new(codes::PROBE_FAILED, format!("probe settings: {e}"))
+    })?;
+    let who = format!("{}/{}", request.container_id, request.if_name);
+    let mut seen: Vec<Conflict> = Vec::new();
+    // Addresses found free in an earlier round (the other family of a dual-stack ADD whose
+    // first address conflicted) are not probed again.
+    let mut free: Vec<IpAddr> = Vec::new();
+    for round in 0..=ROUNDS {
+        let verdict = match probe_round(netns, ifname, cfg, settings, &result, &mut free) {
+            Ok(v) => v,
+            Err(e) => {
+                agent.release();
+                return Err(CniError::new(
+                    codes::PROBE_FAILED,
+                    format!(
+                        "probing the addresses of {who} failed: {e}; the addresses were released"
+                    ),
+                ));
+            }
+        };
+        match verdict {
+            Verdict::Clean { announce_failures } => {
+                for f in announce_failures {
+                    let _ = writeln!(log, "allot: ADD {who}: announcing an address failed: {f}");
+                }
+                return Ok(result);
+            }
+            Verdict::GatewayDown(gw) => {
+                agent.release();
+                return Err(CniError::new(
+                    codes::GATEWAY_UNREACHABLE,
+                    format!(
+                        "gateway {gw} does not answer on {ifname} (network namespace {}) after \
+                         {} tries of {} ms: check the pool's gateway and the link behind \
+                         {ifname} (bridge, macvlan master, VLAN), or turn the gateway probe \
+                         off for this network; the addresses of this ADD were released",
+                        netns.display(),
+                        settings.tries,
+                        settings.timeout_ms
+                    ),
+                ));
+            }
+            Verdict::Conflicts(conflicts) => {
+                for c in &conflicts {
+                    let how = if c.contested {
+                        "is being probed for by"
+                    } else {
+                        "is in use by"
+                    };
+                    let _ = writeln!(
+                        log,
+                        "allot: ADD {who}: address conflict: {} {how} {} on {ifname}; quarantined{}",
+                        c.address,
+                        c.mac,
+                        if round < ROUNDS {
+                            ", trying another address"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                let replace = round < ROUNDS;
+                let answer = agent.quarantine(&QuarantineRequest {
+                    add: request.clone(),
+                    conflicts: conflicts.clone(),
+                    replace,
+                });
+                seen.extend(conflicts);
+                match answer {
+                    Ok(Some(next)) if replace => result = next,
+                    Ok(_) if replace => {
+                        agent.release();
+                        return Err(CniError::io(
+                            "allot-agent quarantined the conflicting addresses but sent no new result; the addresses were released",
+                        ));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        agent.release();
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+    agent.release();
+    let list: Vec<String> = seen
+        .iter()
+        .map(|c| format!("{} (MAC {})", c.address, c.mac))
+        .collect();
+    Err(CniError::new(
+        codes::ADDRESS_CONFLICT,
+        format!(
+            "every address tried for {who} is used by another host on {ifname}: {}; each is \
+             quarantined (see `allotctl claims list`); find those hosts by their MAC, or exclude \
+             the addresses from the pool, then retry",
+            list.join(", ")
+        ),
+    ))
+}
+
+fn address_of(cidr: &str) -> Option<IpAddr> {
+    cidr.split('/').next()?.parse().ok()
+}
+
+/// One entry into the namespace: conflicts first, gateways only when every address is free
+/// (never in parallel, so that no probe races another on the link), then the announcements.
+fn probe_round(
+    netns: &Path,
+    ifname: &str,
+    cfg: allot_probe::ProbeConfig,
+    settings: ProbeSettings,
+    result: &IpamResult,
+    free: &mut Vec<IpAddr>,
+) -> Result<Verdict, allot_probe::ProbeError> {
+    let addresses: Vec<IpAddr> = result
+        .ips
+        .iter()
+        .filter_map(|ip| address_of(&ip.address))
+        .collect();
+    let mut gateways: Vec<IpAddr> = result
+        .ips
+        .iter()
+        .filter_map(|ip| ip.gateway.as_deref()?.parse().ok())
+        .collect();
+    gateways.dedup();
+    allot_probe::with_link(netns, ifname, cfg, |link| {
+        if settings.conflict {
+            let mut conflicts = Vec::new();
+            let unchecked: Vec<IpAddr> = addresses
+                .iter()
+                .copied()
+                .filter(|a| !free.contains(a))
+                .collect();
+            for address in unchecked {
+                let (mac, contested) = match link.probe_conflict(address)? {
+                    ProbeOutcome::Free => {
+                        free.push(address);
+                        continue;
+                    }
+                    ProbeOutcome::Conflict { mac } => (mac, false),
+                    ProbeOutcome::Contested { mac } => (mac, true),
+                };
+                conflicts.push(Conflict {
+                    address: address.to_string(),
+                    mac: mac.to_string(),
+                    contested,
+                });
+            }
+            if !conflicts.is_empty() {
+                return Ok(Verdict::Conflicts(conflicts));
+            }
+        }
+        if settings.gateway {
+            for &gw in &gateways {
+                if link.probe_gateway(gw)? == GatewayOutcome::Unreachable {
+                    return Ok(Verdict::GatewayDown(gw));
+                }
+            }
+        }
+        // Announce only what was checked: an unchecked address may be someone else's, and an
+        // announcement would point their neighbours at this pod.
+        let mut announce_failures = Vec::new();
+        if settings.conflict {
+            for &address in &addresses {
+                if let Err(e) = link.announce(address) {
+                    announce_failures.push(format!("{address}: {e}"));
+                }
+            }
+        }
+        Ok(Verdict::Clean { announce_failures })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_api::IpConfig;
+
+    #[test]
+    fn addresses_come_from_cidrs() {
+        assert_eq!(address_of("10.0.0.5/24"), Some("10.0.0.5".parse().unwrap()));
+        assert_eq!(address_of("fd00::5/64"), Some("fd00::5".parse().unwrap()));
+        assert_eq!(address_of("nonsense"), None);
+    }
+
+    struct Refusing {
+        released: usize,
+    }
+
+    impl Agent for Refusing {
+        fn quarantine(&mut self, _: &QuarantineRequest) -> Result<Option<IpamResult>, CniError> {
+            unreachable!("no probe ran")
+        }
+        fn release(&mut self) {
+            self.released += 1;
+        }
+    }
+
+    /// A probe that cannot run (no such namespace) fails the ADD with code 107, names the
+    /// reason, and releases what was allocated.
+    #[test]
+    fn a_probe_that_cannot_run_releases_and_fails() {
+        let mut agent = Refusing { released: 0 };
+        let result = IpamResult {
+            ips: vec![IpConfig {
+                address: "192.0.2.10/24".into(),
+                gateway: None,
+                pool: "p".into(),
+            }],
+            routes: vec![],
+            probe: None,
+        };
+        let settings = ProbeSettings {
+            conflict: true,
+            ..ProbeSettings::default()
+        };
+        let mut log = Vec::new();
+        let e = settle(
+            Path::new("/nonexistent/netns"),
+            "eth0",
+            settings,
+            &AddRequest::default(),
+            result,
+            &mut agent,
+            &mut log,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, codes::PROBE_FAILED);
+        assert!(e.msg.contains("/nonexistent/netns"), "{e:?}");
+        assert!(e.msg.contains("released"), "{e:?}");
+        assert_eq!(agent.released, 1);
+    }
+}
