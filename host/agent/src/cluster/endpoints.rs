@@ -3,6 +3,9 @@
 //! a fresh read on a compare-and-swap conflict, and owned by the pod (so Kubernetes deletes it
 //! with the pod) except for StatefulSet pods, whose addresses outlive the pod object.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use allot_core::engine::AddOutcome;
@@ -19,6 +22,60 @@ pub struct EndpointWriter {
     client: kube::Client,
     node: String,
     runtime: tokio::runtime::Handle,
+    order: Arc<Sequencer>,
+}
+
+/// Keeps one pod's background writes in the order they were asked for: the ADD's write and
+/// the quarantine's replacement (or a DEL and the next ADD) run one at a time, and a write
+/// that finds a later one already done is dropped, so the Endpoint never ends on stale
+/// addresses.
+#[derive(Default)]
+struct Sequencer {
+    next: AtomicU64,
+    pods: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<u64>>>>,
+}
+
+/// A place in one pod's order of writes.
+struct Ticket {
+    seq: u64,
+    key: (String, String),
+    last_done: Arc<tokio::sync::Mutex<u64>>,
+}
+
+impl Sequencer {
+    fn ticket(&self, namespace: &str, name: &str) -> Ticket {
+        let seq = self.next.fetch_add(1, Ordering::SeqCst) + 1;
+        let key = (namespace.to_string(), name.to_string());
+        let last_done = self
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        Ticket {
+            seq,
+            key,
+            last_done,
+        }
+    }
+
+    /// Runs `write` unless a later write of the pod is already done.
+    async fn run<F: std::future::Future<Output = ()>>(&self, ticket: Ticket, write: F) {
+        {
+            let mut last_done = ticket.last_done.lock().await;
+            if *last_done < ticket.seq {
+                write.await;
+                *last_done = ticket.seq;
+            }
+        }
+        // Forget the pod once nobody holds a ticket for it (the map stays as small as the
+        // writes in flight).
+        let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        if Arc::strong_count(&ticket.last_done) == 2 {
+            pods.remove(&ticket.key);
+        }
+    }
 }
 
 impl EndpointWriter {
@@ -27,6 +84,7 @@ impl EndpointWriter {
             client,
             node: node.to_string(),
             runtime,
+            order: Arc::default(),
         }
     }
 
@@ -36,15 +94,20 @@ impl EndpointWriter {
         let pod = request.pod.clone();
         let node = self.node.clone();
         let api = Api::<Endpoint>::namespaced(self.client.clone(), &pod.namespace);
+        let order = self.order.clone();
+        let ticket = order.ticket(&pod.namespace, &pod.name);
         self.runtime.spawn(async move {
             let what = format!("Endpoint {}/{}", pod.namespace, pod.name);
-            let result = update(&api, &pod.name, |current| {
-                Some(with_interface(current, &pod, &node, &entry))
-            })
-            .await;
-            if let Err(e) = result {
-                tracing::warn!("cannot write {what}: {e}");
-            }
+            let write = async {
+                let result = update(&api, &pod.name, |current| {
+                    Some(with_interface(current, &pod, &node, &entry))
+                })
+                .await;
+                if let Err(e) = result {
+                    tracing::warn!("cannot write {what}: {e}");
+                }
+            };
+            order.run(ticket, write).await;
         });
     }
 
@@ -55,20 +118,25 @@ impl EndpointWriter {
         let api = Api::<Endpoint>::namespaced(self.client.clone(), namespace);
         let (name, uid, interface) = (name.to_string(), uid.to_string(), interface.to_string());
         let what = format!("Endpoint {namespace}/{name}");
+        let order = self.order.clone();
+        let ticket = order.ticket(namespace, &name);
         self.runtime.spawn(async move {
-            let result = update(&api, &name, |current| {
-                let mut ep = current?;
-                if ep.spec.uid != uid {
-                    // A later pod of this name owns it now.
-                    return None;
+            let write = async {
+                let result = update(&api, &name, |current| {
+                    let mut ep = current?;
+                    if ep.spec.uid != uid {
+                        // A later pod of this name owns it now.
+                        return None;
+                    }
+                    ep.spec.interfaces.retain(|i| i.ifname != interface);
+                    Some(ep)
+                })
+                .await;
+                if let Err(e) = result {
+                    tracing::warn!("cannot update {what}: {e}");
                 }
-                ep.spec.interfaces.retain(|i| i.ifname != interface);
-                Some(ep)
-            })
-            .await;
-            if let Err(e) = result {
-                tracing::warn!("cannot update {what}: {e}");
-            }
+            };
+            order.run(ticket, write).await;
         });
     }
 }

@@ -243,3 +243,25 @@ async fn a_refused_write_is_an_error_naming_the_refusal() {
     let err = write.await.unwrap().unwrap_err();
     assert!(err.contains("cannot get resource \"endpoints\""), "{err}");
 }
+
+/// Writes of one pod run in the order they were asked for; an earlier one that comes late is
+/// dropped, and the pod is forgotten once nothing is in flight.
+#[tokio::test]
+async fn a_pods_writes_keep_their_order_and_a_late_earlier_one_is_dropped() {
+    let order = Sequencer::default();
+    let first = order.ticket("web", "p");
+    let second = order.ticket("web", "p");
+    let other = order.ticket("web", "q");
+    let ran = std::sync::Mutex::new(Vec::new());
+    order
+        .run(second, async { ran.lock().unwrap().push("second") })
+        .await;
+    order
+        .run(first, async { ran.lock().unwrap().push("first") })
+        .await;
+    order
+        .run(other, async { ran.lock().unwrap().push("other") })
+        .await;
+    assert_eq!(*ran.lock().unwrap(), ["second", "other"]);
+    assert!(order.pods.lock().unwrap().is_empty());
+}
