@@ -32,14 +32,17 @@ pub struct EndpointWriter {
 #[derive(Default)]
 struct Sequencer {
     next: AtomicU64,
-    pods: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<u64>>>>,
+    pods: Mutex<HashMap<(String, String), LastDone>>,
 }
+
+/// The sequence number of a pod's last write done.
+type LastDone = Arc<tokio::sync::Mutex<u64>>;
 
 /// A place in one pod's order of writes.
 struct Ticket {
     seq: u64,
     key: (String, String),
-    last_done: Arc<tokio::sync::Mutex<u64>>,
+    last_done: LastDone,
 }
 
 impl Sequencer {
