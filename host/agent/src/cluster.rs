@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_index::{
-    Index, Lookup, Need, PodRequest, PoolObject, ReservedObject, SharedIndex, SubnetObject, feed,
+    Index, IndexResource, Lookup, Need, PodRequest, PoolObject, ReservedObject, SharedIndex,
+    SubnetObject, feed,
 };
 use allot_k8s::{IPPool, ReservedIP, Subnet};
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
@@ -176,90 +177,81 @@ impl Cluster {
     /// node is.
     async fn fetch(&self, need: Need) -> Result<(), LookupError> {
         let c = self.client.clone();
-        let unavailable = |what: String, e: kube::Error| {
-            LookupError::Unavailable(format!(
+        match need {
+            Need::Pod { namespace, name } => self.put(
+                format!("pod {namespace}/{name}"),
+                Api::<Pod>::namespaced(c, &namespace).get_opt(&name).await,
+                true,
+            ),
+            Need::Namespace(name) => self.put(
+                format!("namespace {name}"),
+                Api::<Namespace>::all(c).get_opt(&name).await,
+                true,
+            ),
+            Need::Node(name) => self.put(
+                format!("node {name}"),
+                Api::<Node>::all(c).get_opt(&name).await,
+                true,
+            ),
+            Need::ReplicaSet { namespace, name } => self.put(
+                format!("ReplicaSet {namespace}/{name}"),
+                Api::<ReplicaSet>::namespaced(c, &namespace)
+                    .get_metadata_opt(&name)
+                    .await,
+                false,
+            ),
+            Need::Job { namespace, name } => self.put(
+                format!("Job {namespace}/{name}"),
+                Api::<Job>::namespaced(c, &namespace)
+                    .get_metadata_opt(&name)
+                    .await,
+                false,
+            ),
+        }
+    }
+
+    /// Puts what one GET read into the index. An object that does not exist is an error when
+    /// `required`.
+    fn put<K>(
+        &self,
+        what: String,
+        read: Result<Option<K>, kube::Error>,
+        required: bool,
+    ) -> Result<(), LookupError>
+    where
+        Index: IndexResource<K>,
+    {
+        match read {
+            Ok(Some(object)) => {
+                self.index.update(|i| i.apply(object));
+                Ok(())
+            }
+            Ok(None) if required => Err(LookupError::Unavailable(format!(
+                "{what} does not exist in the Kubernetes API; the runtime will retry the ADD"
+            ))),
+            Ok(None) => Ok(()),
+            Err(e) => Err(LookupError::Unavailable(format!(
                 "cannot read {what} from the Kubernetes API: {e}; check the agent's \
                  ServiceAccount may get it"
-            ))
-        };
-        let gone = |what: String| {
-            LookupError::Unavailable(format!(
-                "{what} does not exist in the Kubernetes API; the runtime will retry the ADD"
-            ))
-        };
-        match need {
-            Need::Pod { namespace, name } => {
-                let what = format!("pod {namespace}/{name}");
-                let pod = Api::<Pod>::namespaced(c, &namespace)
-                    .get_opt(&name)
-                    .await
-                    .map_err(|e| unavailable(what.clone(), e))?
-                    .ok_or_else(|| gone(what.clone()))?;
-                self.index
-                    .update(|i| allot_index::IndexResource::apply(i, pod));
-            }
-            Need::Namespace(name) => {
-                let what = format!("namespace {name}");
-                let ns = Api::<Namespace>::all(c)
-                    .get_opt(&name)
-                    .await
-                    .map_err(|e| unavailable(what.clone(), e))?
-                    .ok_or_else(|| gone(what.clone()))?;
-                self.index
-                    .update(|i| allot_index::IndexResource::apply(i, ns));
-            }
-            Need::Node(name) => {
-                let what = format!("node {name}");
-                let node = Api::<Node>::all(c)
-                    .get_opt(&name)
-                    .await
-                    .map_err(|e| unavailable(what.clone(), e))?
-                    .ok_or_else(|| gone(what.clone()))?;
-                self.index
-                    .update(|i| allot_index::IndexResource::apply(i, node));
-            }
-            Need::ReplicaSet { namespace, name } => {
-                let what = format!("ReplicaSet {namespace}/{name}");
-                if let Some(rs) = Api::<ReplicaSet>::namespaced(c, &namespace)
-                    .get_metadata_opt(&name)
-                    .await
-                    .map_err(|e| unavailable(what, e))?
-                {
-                    self.index
-                        .update(|i| allot_index::IndexResource::apply(i, rs));
-                }
-            }
-            Need::Job { namespace, name } => {
-                let what = format!("Job {namespace}/{name}");
-                if let Some(job) = Api::<Job>::namespaced(c, &namespace)
-                    .get_metadata_opt(&name)
-                    .await
-                    .map_err(|e| unavailable(what, e))?
-                {
-                    self.index
-                        .update(|i| allot_index::IndexResource::apply(i, job));
-                }
-            }
+            ))),
         }
-        Ok(())
     }
-}
 
-/// The replica count of the StatefulSet owning the claims of `attachment`, for a DEL the plugin
-/// could not say it for: `Some(0)` once the StatefulSet is gone, so its pods' addresses are
-/// released rather than kept; `None` when the pod is not a StatefulSet's or the index cannot
-/// tell yet (the address is then kept, and released later if the pod does not come back).
-pub fn owner_replicas(
-    shared: &crate::server::Shared,
-    cluster: &Cluster,
-    attachment: &allot_core::store::Attachment,
-) -> Option<u32> {
-    use allot_core::store::Store as _;
-    let claims = shared.engine.store().claims_of(attachment).ok()?;
-    let claim = claims.iter().find(|c| c.pod.is_stateful())?;
-    let owner = claim.pod.owner_name.as_deref()?;
-    cluster
-        .index
-        .read()
-        .statefulset_replicas(&claim.pod.namespace, owner)
+    /// The replica count of the StatefulSet owning the claims of `attachment`, for a DEL the
+    /// plugin could not say it for: `Some(0)` once the StatefulSet is gone, so its pods'
+    /// addresses are released rather than kept; `None` when the pod is not a StatefulSet's or
+    /// the index cannot tell yet (the address is then kept, and released later if the pod does
+    /// not come back).
+    pub fn owner_replicas(
+        &self,
+        store: &dyn allot_core::store::Store,
+        attachment: &allot_core::store::Attachment,
+    ) -> Option<u32> {
+        let claims = store.claims_of(attachment).ok()?;
+        let claim = claims.iter().find(|c| c.pod.is_stateful())?;
+        let owner = claim.pod.owner_name.as_deref()?;
+        self.index
+            .read()
+            .statefulset_replicas(&claim.pod.namespace, owner)
+    }
 }

@@ -48,10 +48,9 @@ pub fn replay(shared: &Shared, dir: &Path) -> usize {
             owner_replicas: request.owner_replicas,
             issued_at: request.issued_at,
         };
-        match shared.engine.del_request(&del) {
+        match crate::server::release(shared, del) {
             Ok(touched) => {
                 let released = touched.iter().filter(|c| c.attachment.is_some()).count();
-                shared.metrics.releases.inc_by(released as u64);
                 tracing::info!(container = %attachment, released, kept = touched.len() - released, "replayed a DEL the plugin remembered while the agent was away");
                 if let Err(e) = std::fs::remove_file(&path) {
                     tracing::warn!(entry = %path.display(), "replayed, but cannot remove the entry: {e}");

@@ -11,7 +11,7 @@ use allot_api::{self as api, ErrorBody, codes};
 use allot_core::PolicyErrorKind;
 use allot_core::engine::{AddOutcome, AddRequest, AllocError, DelRequest};
 use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, Owner, PodInfo};
-use allot_core::store::{Attachment, StoreError};
+use allot_core::store::{Attachment, Claim, StoreError};
 use anyhow::Context as _;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -209,17 +209,13 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
         (Method::POST, api::DEL) => match body::<api::DelRequest>(req).await {
             Ok(r) => {
                 blocking(&shared, "del", move |s| {
-                    let mut request = DelRequest {
+                    let request = DelRequest {
                         attachment: attachment(&r.attachment),
                         owner_replicas: r.owner_replicas,
                         issued_at: r.issued_at,
                     };
-                    if let Some(cluster) = &s.cluster
-                        && request.owner_replicas.is_none()
-                    {
-                        request.owner_replicas = crate::cluster::owner_replicas(s, cluster, &request.attachment);
-                    }
-                    let touched = match s.engine.del_request(&request) {
+                    let container = request.attachment.clone();
+                    let touched = match release(s, request) {
                         Err(AllocError::Store(StoreError::Unavailable(why))) => {
                             // The pod must be able to go away: remember the DEL and replay it
                             // when the store is back, as the plugin does when we are down.
@@ -227,13 +223,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
                         }
                         other => other?,
                     };
-                    let released: Vec<_> = touched.iter().filter(|c| c.attachment.is_some()).collect();
-                    s.metrics.releases.inc_by(released.len() as u64);
-                    if let (Some(cluster), Some(c)) = (&s.cluster, released.first()) {
-                        cluster.endpoints.released(&c.pod.namespace, &c.pod.name, &c.pod.uid, &request.attachment.interface);
-                    }
                     if r.issued_at.is_some() {
-                        tracing::info!(container = %request.attachment, released = released.len(), "replayed a DEL from the plugin's journal");
+                        let released = touched.iter().filter(|c| c.attachment.is_some()).count();
+                        tracing::info!(%container, released, "replayed a DEL from the plugin's journal");
                     }
                     Ok(json(StatusCode::OK, &serde_json::json!({})))
                 })
@@ -300,6 +292,31 @@ fn attachment(a: &api::AttachmentId) -> Attachment {
         container_id: a.container_id.clone(),
         interface: a.if_name.clone(),
     }
+}
+
+/// A DEL, from the plugin or replayed from its journal: in cluster mode the StatefulSet's
+/// replica count comes from the index when the caller did not say it, and the pod's Endpoint
+/// loses the interface whose addresses were released. Returns the claims touched (released
+/// ones still name their attachment; kept ones do not).
+pub(crate) fn release(shared: &Shared, mut request: DelRequest) -> Result<Vec<Claim>, AllocError> {
+    if let Some(cluster) = &shared.cluster
+        && request.owner_replicas.is_none()
+    {
+        request.owner_replicas =
+            cluster.owner_replicas(shared.engine.store().as_ref(), &request.attachment);
+    }
+    let touched = shared.engine.del_request(&request)?;
+    let released: Vec<&Claim> = touched.iter().filter(|c| c.attachment.is_some()).collect();
+    shared.metrics.releases.inc_by(released.len() as u64);
+    if let (Some(cluster), Some(c)) = (&shared.cluster, released.first()) {
+        cluster.endpoints.released(
+            &c.pod.namespace,
+            &c.pod.name,
+            &c.pod.uid,
+            &request.attachment.interface,
+        );
+    }
+    Ok(touched)
 }
 
 fn status(shared: &Shared) -> api::StatusResponse {
