@@ -129,17 +129,22 @@ fn fresh(address: &str, container: &str) -> Claim {
     )
 }
 
+/// The runtime a test's mock API server answers on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A store on kube's mock service, opened while the verifier answers its first list with
 /// `listed`; returns the store, the verifier (on its own runtime) to script.
 fn open(
     listed: Value,
     timeout: Duration,
 ) -> (KubeStore, ApiServerVerifier, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let mut verifier = ApiServerVerifier {
         handle,
@@ -183,11 +188,7 @@ fn scripted<T: Send + 'static>(
 /// and every page's blocks are in the mirror.
 #[test]
 fn the_blocks_are_listed_in_pages() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let served = rt.spawn(async move {
         let mut handle = handle;

@@ -120,6 +120,19 @@ impl Target {
         format!("{}/{}/{}", self.group, self.version, self.plural)
     }
 
+    /// Where `object` of `plural` is stored (its apiVersion and namespace), named `name`.
+    fn of(plural: &str, object: &Value, name: Option<String>) -> Target {
+        let (group, version) = split_api_version(object["apiVersion"].as_str().unwrap_or("v1"));
+        Target {
+            group,
+            version,
+            plural: plural.to_string(),
+            namespace: object["metadata"]["namespace"].as_str().map(str::to_string),
+            name,
+            subresource: None,
+        }
+    }
+
     fn parse(path: &str) -> Option<Target> {
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         let (group, version, rest) = match parts.as_slice() {
@@ -235,59 +248,44 @@ impl ApiServer {
     // -----------------------------------------------------------------------------------------
     // What a test sets up and inspects.
 
+    /// Runs `change` on the state and then sends watchers the events it recorded, in order
+    /// (after the lock is released: a watcher never waits on a writer).
+    fn change<T>(&self, change: impl FnOnce(&mut State) -> T) -> T {
+        let mut st = self.lock();
+        let before = st.revision;
+        let out = change(&mut st);
+        let fresh: Vec<Arc<Event>> = st
+            .history
+            .iter()
+            .rev()
+            .take_while(|e| e.revision > before)
+            .cloned()
+            .collect();
+        drop(st);
+        for e in fresh.into_iter().rev() {
+            let _ = self.inner.events.send(Signal::Event(e));
+        }
+        out
+    }
+
     /// Stores `object` as if created (its `apiVersion`, `kind`, `metadata.name` and, when
     /// namespaced, `metadata.namespace` must be set). Returns it as stored.
     pub fn insert(&self, plural: &str, object: Value) -> Value {
-        let (group, version) = split_api_version(object["apiVersion"].as_str().unwrap_or("v1"));
-        let target = Target {
-            group,
-            version,
-            plural: plural.to_string(),
-            namespace: object["metadata"]["namespace"].as_str().map(str::to_string),
-            name: None,
-            subresource: None,
-        };
-        let mut st = self.lock();
-        match create(&mut st, &target, object) {
-            Ok(stored) => {
-                let event = st.history.back().cloned();
-                drop(st);
-                if let Some(e) = event {
-                    let _ = self.inner.events.send(Signal::Event(e));
-                }
-                stored
-            }
-            Err((code, reason, message)) => panic!("insert: {code} {reason}: {message}"),
-        }
+        let target = Target::of(plural, &object, None);
+        self.change(|st| create(st, &target, object))
+            .unwrap_or_else(|(code, reason, message)| panic!("insert: {code} {reason}: {message}"))
     }
 
     /// Replaces a stored object as a user's edit would (`kubectl replace` without a
     /// resourceVersion: whatever was stored). Returns it as stored; watches see the change.
     pub fn edit(&self, plural: &str, mut object: Value) -> Value {
-        let (group, version) = split_api_version(object["apiVersion"].as_str().unwrap_or("v1"));
-        let target = Target {
-            group,
-            version,
-            plural: plural.to_string(),
-            namespace: object["metadata"]["namespace"].as_str().map(str::to_string),
-            name: object["metadata"]["name"].as_str().map(str::to_string),
-            subresource: None,
-        };
+        let name = object["metadata"]["name"].as_str().map(str::to_string);
+        let target = Target::of(plural, &object, name);
         if let Some(meta) = object["metadata"].as_object_mut() {
             meta.remove("resourceVersion");
         }
-        let mut st = self.lock();
-        match update(&mut st, &target, object) {
-            Ok(stored) => {
-                let event = st.history.back().cloned();
-                drop(st);
-                if let Some(e) = event {
-                    let _ = self.inner.events.send(Signal::Event(e));
-                }
-                stored
-            }
-            Err((code, reason, message)) => panic!("edit: {code} {reason}: {message}"),
-        }
+        self.change(|st| update(st, &target, object))
+            .unwrap_or_else(|(code, reason, message)| panic!("edit: {code} {reason}: {message}"))
     }
 
     /// Deletes a stored object as `kubectl delete` would (finalizers honoured); `false` when
@@ -308,21 +306,7 @@ impl ApiServer {
             name: Some(name.to_string()),
             subresource: None,
         };
-        let mut st = self.lock();
-        let before = st.revision;
-        let removed = delete(&mut st, &target, Value::Null).is_ok();
-        let fresh: Vec<Arc<Event>> = st
-            .history
-            .iter()
-            .rev()
-            .take_while(|e| e.revision > before)
-            .cloned()
-            .collect();
-        drop(st);
-        for e in fresh.into_iter().rev() {
-            let _ = self.inner.events.send(Signal::Event(e));
-        }
-        removed
+        self.change(|st| delete(st, &target, Value::Null).is_ok())
     }
 
     /// Every stored object of `plural` (any group), in namespace, name order.
@@ -454,28 +438,15 @@ impl ApiServer {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("application/apply-patch"));
-        let mut st = self.lock();
-        let before = st.revision;
-        let result = match verb {
-            "get" => get(&st, &target).map(|v| (200, v)),
-            "list" => list(&st, &target, &query).map(|v| (200, v)),
-            "create" => create(&mut st, &target, body).map(|v| (201, v)),
-            "update" => update(&mut st, &target, body).map(|v| (200, v)),
-            "patch" => patch(&mut st, &target, body, apply).map(|v| (200, v)),
-            "delete" => delete(&mut st, &target, body).map(|v| (200, v)),
+        let result = self.change(|st| match verb {
+            "get" => get(st, &target).map(|v| (200, v)),
+            "list" => list(st, &target, &query).map(|v| (200, v)),
+            "create" => create(st, &target, body).map(|v| (201, v)),
+            "update" => update(st, &target, body).map(|v| (200, v)),
+            "patch" => patch(st, &target, body, apply).map(|v| (200, v)),
+            "delete" => delete(st, &target, body).map(|v| (200, v)),
             _ => unreachable!("verbs are matched above"),
-        };
-        let fresh: Vec<Arc<Event>> = st
-            .history
-            .iter()
-            .rev()
-            .take_while(|e| e.revision > before)
-            .cloned()
-            .collect();
-        drop(st);
-        for e in fresh.into_iter().rev() {
-            let _ = self.inner.events.send(Signal::Event(e));
-        }
+        });
         match result {
             Ok((code, v)) => json_response(code, &v),
             Err((code, reason, message)) => status(code, &reason, &message),

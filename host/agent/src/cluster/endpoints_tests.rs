@@ -81,26 +81,23 @@ fn stored(rv: &str, interfaces: Value) -> Value {
            "spec": {"uid": "uid-p", "node": "n1", "interfaces": interfaces}})
 }
 
-fn api() -> (Api<Endpoint>, Mock) {
+/// Records eth0 = 10.0.0.7/24 for `pod` on node n1 against the mock, in the background.
+fn record_eth0(pod: PodInfo) -> (tokio::task::JoinHandle<Result<(), String>>, Mock) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    (Api::namespaced(client, "web"), handle)
+    let api: Api<Endpoint> = Api::namespaced(client, "web");
+    let write = tokio::spawn(async move {
+        update(&api, "p", |c| {
+            Some(with_interface(c, &pod, "n1", &entry("eth0", "10.0.0.7/24")))
+        })
+        .await
+    });
+    (write, handle)
 }
 
 #[tokio::test]
 async fn a_new_endpoint_is_created_owned_by_its_pod() {
-    let (api, mut server) = api();
-    let write = tokio::spawn(async move {
-        update(&api, "p", |c| {
-            Some(with_interface(
-                c,
-                &pod(Some(("Deployment", "d"))),
-                "n1",
-                &entry("eth0", "10.0.0.7/24"),
-            ))
-        })
-        .await
-    });
+    let (write, mut server) = record_eth0(pod(Some(("Deployment", "d"))));
     let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
     answer(send, 404, status(404, "NotFound"));
     let (body, send) = expect(&mut server, "POST", PATH).await;
@@ -118,18 +115,7 @@ async fn a_new_endpoint_is_created_owned_by_its_pod() {
 
 #[tokio::test]
 async fn a_statefulset_pods_endpoint_has_no_owner_reference() {
-    let (api, mut server) = api();
-    let write = tokio::spawn(async move {
-        update(&api, "p", |c| {
-            Some(with_interface(
-                c,
-                &pod(Some(("StatefulSet", "db"))),
-                "n1",
-                &entry("eth0", "10.0.0.7/24"),
-            ))
-        })
-        .await
-    });
+    let (write, mut server) = record_eth0(pod(Some(("StatefulSet", "db"))));
     let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
     answer(send, 404, status(404, "NotFound"));
     let (body, send) = expect(&mut server, "POST", PATH).await;
@@ -142,18 +128,7 @@ async fn a_statefulset_pods_endpoint_has_no_owner_reference() {
 /// keeps what the other one recorded.
 #[tokio::test]
 async fn a_lost_compare_and_swap_reads_again_and_keeps_the_other_interface() {
-    let (api, mut server) = api();
-    let write = tokio::spawn(async move {
-        update(&api, "p", |c| {
-            Some(with_interface(
-                c,
-                &pod(None),
-                "n1",
-                &entry("eth0", "10.0.0.7/24"),
-            ))
-        })
-        .await
-    });
+    let (write, mut server) = record_eth0(pod(None));
     let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
     answer(send, 200, stored("5", json!([])));
     let (body, send) = expect(&mut server, "PUT", &format!("{PATH}/p")).await;
@@ -181,18 +156,7 @@ async fn a_lost_compare_and_swap_reads_again_and_keeps_the_other_interface() {
 /// Two creates raced: AlreadyExists (409) is read again and replaced.
 #[tokio::test]
 async fn already_exists_on_create_becomes_a_replace() {
-    let (api, mut server) = api();
-    let write = tokio::spawn(async move {
-        update(&api, "p", |c| {
-            Some(with_interface(
-                c,
-                &pod(None),
-                "n1",
-                &entry("eth0", "10.0.0.7/24"),
-            ))
-        })
-        .await
-    });
+    let (write, mut server) = record_eth0(pod(None));
     let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
     answer(send, 404, status(404, "NotFound"));
     let (_, send) = expect(&mut server, "POST", PATH).await;
@@ -220,18 +184,7 @@ async fn an_endpoint_of_an_earlier_pod_of_the_name_is_started_over() {
 
 #[tokio::test]
 async fn a_refused_write_is_an_error_naming_the_refusal() {
-    let (api, mut server) = api();
-    let write = tokio::spawn(async move {
-        update(&api, "p", |c| {
-            Some(with_interface(
-                c,
-                &pod(None),
-                "n1",
-                &entry("eth0", "10.0.0.7/24"),
-            ))
-        })
-        .await
-    });
+    let (write, mut server) = record_eth0(pod(None));
     let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
     answer(
         send,
