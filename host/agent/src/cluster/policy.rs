@@ -125,7 +125,7 @@ impl PolicyFollower {
         let (name, bytes) = match location {
             PolicyLocation::File(path) => {
                 let path = path.to_string();
-                let bytes = tokio::fs::read(&path).await.map_err(|e| {
+                let bytes = read_component(&path).await.map_err(|e| {
                     refuse(
                         None,
                         format!("cannot read {path} on node {}: {e}", self.node),
@@ -254,6 +254,37 @@ impl PolicyFollower {
     }
 }
 
+/// The largest component the agent reads from a node file (the default policy is well under
+/// 1 MiB; a ConfigMap cannot hold more than 1 MiB anyway).
+const MAX_COMPONENT_BYTES: u64 = 64 << 20;
+
+/// Reads a component file named by the Policy: a regular file of at most
+/// [`MAX_COMPONENT_BYTES`], so that a path like `/dev/zero` or a FIFO can neither exhaust the
+/// agent's memory nor block the follower forever.
+async fn read_component(path: &str) -> std::io::Result<Vec<u8>> {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read as _;
+        let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        if !std::fs::metadata(&path)?.is_file() {
+            return Err(invalid("not a regular file".into()));
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::open(&path)?
+            .take(MAX_COMPONENT_BYTES + 1)
+            .read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > MAX_COMPONENT_BYTES {
+            return Err(invalid(format!(
+                "larger than {} MiB",
+                MAX_COMPONENT_BYTES >> 20
+            )));
+        }
+        Ok(bytes)
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
 /// An Event's note is limited to 1 kB.
 fn truncate(note: &str) -> String {
     if note.len() <= 1000 {
@@ -286,5 +317,35 @@ pub fn smoke(policy: &LoadedPolicy) -> Result<(), String> {
     match policy.decide(&Arc::new(Inventory::default()), &request) {
         Err(e) if e.kind.is_fault() => Err(format!("the smoke decision failed: {e}")),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_component_path_that_is_no_regular_file_is_refused_without_reading_it() {
+        for path in ["/dev/zero", "/proc/self"] {
+            let err = read_component(path).await.unwrap_err();
+            assert!(
+                err.to_string().contains("not a regular file"),
+                "{path}: {err}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policy.wasm");
+        std::fs::write(&file, b"\0asm").unwrap();
+        assert_eq!(
+            read_component(file.to_str().unwrap()).await.unwrap(),
+            b"\0asm"
+        );
+    }
+
+    #[test]
+    fn the_embedded_default_passes_the_smoke_decision() {
+        let engine = PolicyEngine::new(Limits::default(), None).unwrap();
+        let policy = engine.load(&PolicySource::embedded_default()).unwrap();
+        smoke(&policy).unwrap();
     }
 }
