@@ -7,12 +7,19 @@
 //! of attachments it still uses. Calico's IPAM GC works the same way.
 //!
 //! Pure: the caller decides what "leaked" means (for the CNI GC verb: held by no attachment the
-//! runtime still lists) and does the releasing.
+//! runtime still lists; in a cluster, [`decide`]'s table) and does the releasing.
+
+mod decision;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 
 use crate::store::{Claim, unchanged};
+
+pub use decision::{
+    GcConfig, Keep, LeakReason, NotBefore, PodPhase, PodState, StatefulSetState, Verdict, decide,
+    endpoint_outdated,
+};
 
 /// Claims seen leaked once, waiting for their second sighting.
 #[derive(Debug, Default)]
@@ -45,12 +52,34 @@ impl Suspects {
         now: u64,
         grace: u64,
     ) -> Vec<Claim> {
+        self.look(
+            |c| c.network == network,
+            leaked
+                .into_iter()
+                .map(|c| (c, NotBefore::AfterFirstSighting(0))),
+            now,
+            grace,
+        )
+    }
+
+    /// Records what one look found leaked at `now` among the claims `in_scope` selects (a whole
+    /// scan, one network, one pod's claims), and returns the claims due for release: leaked at
+    /// an earlier look at least `grace` seconds ago, unchanged since, and past their own
+    /// [`NotBefore`]. Suspects in scope not found leaked this time are forgotten (in use again,
+    /// or gone); suspects out of scope are kept.
+    pub fn look(
+        &mut self,
+        in_scope: impl Fn(&Claim) -> bool,
+        leaked: impl IntoIterator<Item = (Claim, NotBefore)>,
+        now: u64,
+        grace: u64,
+    ) -> Vec<Claim> {
         self.looks += 1;
         let look = self.looks;
         let mut still: HashMap<(String, IpAddr), Sighting> = HashMap::new();
         let mut due = Vec::new();
-        for claim in leaked {
-            if claim.network != network || claim.updated_at.saturating_add(grace) > now {
+        for (claim, not_before) in leaked {
+            if !in_scope(&claim) || claim.updated_at.saturating_add(grace) > now {
                 continue;
             }
             let key = (claim.network.clone(), claim.address);
@@ -62,12 +91,16 @@ impl Suspects {
                     look,
                 },
             };
-            if first.look < look && first.at.saturating_add(grace) <= now {
+            let past = match not_before {
+                NotBefore::At(t) => t <= now,
+                NotBefore::AfterFirstSighting(d) => first.at.saturating_add(d) <= now,
+            };
+            if first.look < look && first.at.saturating_add(grace) <= now && past {
                 due.push(claim);
             }
             still.insert(key, first);
         }
-        self.seen.retain(|(net, _), _| net != network);
+        self.seen.retain(|_, s| !in_scope(&s.claim));
         self.seen.extend(still);
         due
     }

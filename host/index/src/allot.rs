@@ -56,7 +56,7 @@ pub(crate) fn observe(kind: ObjectKind, object: &DynamicObject) -> Observed {
 macro_rules! allot_kind {
     ($wrapper:ident, $object_kind:expr, $tag:expr) => {
         impl IndexResource<$wrapper> for Index {
-            const KIND: Kind = $tag;
+            const KIND: &'static str = $tag.as_str();
 
             fn apply(&mut self, o: $wrapper) {
                 let observed = observe($object_kind, &o.0);

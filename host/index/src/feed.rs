@@ -5,11 +5,12 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use kube::runtime::watcher;
 
-use crate::index::{Index, Kind, SharedIndex};
+use crate::index::Shared;
 
-/// How the index takes one kind of object (kubert's `IndexNamespacedResource`, in small).
+/// How an index takes one kind of object (kubert's `IndexNamespacedResource`, in small).
 pub trait IndexResource<T> {
-    const KIND: Kind;
+    /// The kind's name, for logs.
+    const KIND: &'static str;
     fn apply(&mut self, object: T);
     fn delete(&mut self, object: T);
     /// Replaces every object of the kind: the complete list after a watch (re)started.
@@ -19,12 +20,12 @@ pub trait IndexResource<T> {
 /// Applies a watch's events to `index` until the stream ends. Objects listed after a (re)start
 /// are buffered and replace the kind's contents when the list is complete; errors are logged
 /// (the watcher retries them with its backoff; wrap it in `default_backoff`).
-pub async fn feed<K, T, S>(index: Arc<SharedIndex>, stream: S, wrap: fn(K) -> T)
+pub async fn feed<I, K, T, S>(index: Arc<Shared<I>>, stream: S, wrap: fn(K) -> T)
 where
-    Index: IndexResource<T>,
+    I: IndexResource<T>,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
-    let kind = <Index as IndexResource<T>>::KIND;
+    let kind = <I as IndexResource<T>>::KIND;
     let mut listing: Option<Vec<T>> = None;
     let mut failing = false;
     let mut stream = std::pin::pin!(stream);
@@ -32,7 +33,7 @@ where
         match event {
             Ok(event) => {
                 if failing {
-                    tracing::info!(kind = kind.as_str(), "watching again");
+                    tracing::info!(kind, "watching again");
                     failing = false;
                 }
                 match event {
@@ -46,16 +47,13 @@ where
                         let objects = listing.take().unwrap_or_default();
                         let n = objects.len();
                         index.update(|i| i.reset(objects));
-                        tracing::debug!(kind = kind.as_str(), objects = n, "listed");
+                        tracing::debug!(kind, objects = n, "listed");
                     }
                 }
             }
             Err(e) => {
                 if !failing {
-                    tracing::warn!(
-                        kind = kind.as_str(),
-                        "watch failed, retrying with backoff: {e}"
-                    );
+                    tracing::warn!(kind, "watch failed, retrying with backoff: {e}");
                 }
                 failing = true;
             }

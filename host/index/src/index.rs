@@ -41,7 +41,7 @@ impl Kind {
         matches!(self, Kind::IpPool | Kind::Subnet | Kind::ReservedIp)
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Kind::Pod => "Pod",
             Kind::Namespace => "Namespace",
@@ -282,27 +282,37 @@ impl Index {
     }
 }
 
-/// An [`Index`] shared between the watches that feed it and the requests that read it.
+/// An index shared between the watches that feed it and the readers that serve from it: the
+/// node agent's [`Index`] ([`SharedIndex`]) or the controller's.
 #[derive(Debug)]
-pub struct SharedIndex {
-    index: RwLock<Index>,
+pub struct Shared<I> {
+    index: RwLock<I>,
     changes: tokio::sync::watch::Sender<u64>,
 }
 
+/// The node agent's index, shared.
+pub type SharedIndex = Shared<Index>;
+
 impl SharedIndex {
     pub fn new(node_name: &str) -> Arc<SharedIndex> {
-        Arc::new(SharedIndex {
-            index: RwLock::new(Index::new(node_name)),
+        Shared::of(Index::new(node_name))
+    }
+}
+
+impl<I> Shared<I> {
+    pub fn of(index: I) -> Arc<Shared<I>> {
+        Arc::new(Shared {
+            index: RwLock::new(index),
             changes: tokio::sync::watch::Sender::new(0),
         })
     }
 
-    pub fn read(&self) -> RwLockReadGuard<'_, Index> {
+    pub fn read(&self) -> RwLockReadGuard<'_, I> {
         self.index.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Changes the index and wakes those waiting for a change.
-    pub fn update<R>(&self, f: impl FnOnce(&mut Index) -> R) -> R {
+    pub fn update<R>(&self, f: impl FnOnce(&mut I) -> R) -> R {
         let out = {
             let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
             f(&mut index)
@@ -311,12 +321,17 @@ impl SharedIndex {
         out
     }
 
+    /// A receiver that sees every change made through [`Shared::update`].
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
     /// Waits until `ready` holds of the index, or `timeout` passes; returns what `ready` last
     /// returned. Wakes on every change rather than polling.
     pub async fn wait_for<R>(
         &self,
         timeout: Duration,
-        mut ready: impl FnMut(&Index) -> Option<R>,
+        mut ready: impl FnMut(&I) -> Option<R>,
     ) -> Result<R, tokio::time::error::Elapsed> {
         let mut changes = self.changes.subscribe();
         tokio::time::timeout(timeout, async {

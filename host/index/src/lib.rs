@@ -26,4 +26,4 @@ mod resources;
 
 pub use allot::{PoolObject, ReservedObject, SubnetObject};
 pub use feed::{IndexResource, feed};
-pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, SharedIndex};
+pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, Shared, SharedIndex};

@@ -56,7 +56,7 @@ impl Index {
 }
 
 impl IndexResource<Pod> for Index {
-    const KIND: Kind = Kind::Pod;
+    const KIND: &'static str = Kind::Pod.as_str();
 
     fn apply(&mut self, pod: Pod) {
         let key = names(&pod.metadata);
@@ -94,7 +94,7 @@ impl IndexResource<Pod> for Index {
 }
 
 impl IndexResource<Namespace> for Index {
-    const KIND: Kind = Kind::Namespace;
+    const KIND: &'static str = Kind::Namespace.as_str();
 
     fn apply(&mut self, ns: Namespace) {
         let m = &ns.metadata;
@@ -119,7 +119,7 @@ impl IndexResource<Namespace> for Index {
 }
 
 impl IndexResource<Node> for Index {
-    const KIND: Kind = Kind::Node;
+    const KIND: &'static str = Kind::Node.as_str();
 
     fn apply(&mut self, node: Node) {
         if node.metadata.name.as_deref() == Some(self.node_name()) {
@@ -146,7 +146,7 @@ impl IndexResource<Node> for Index {
 macro_rules! owner_cache {
     ($kind:ty, $field:ident, $tag:expr) => {
         impl IndexResource<PartialObjectMeta<$kind>> for Index {
-            const KIND: Kind = $tag;
+            const KIND: &'static str = $tag.as_str();
 
             fn apply(&mut self, o: PartialObjectMeta<$kind>) {
                 self.$field
@@ -172,7 +172,7 @@ owner_cache!(ReplicaSet, replicasets, Kind::ReplicaSet);
 owner_cache!(Job, jobs, Kind::Job);
 
 impl IndexResource<StatefulSet> for Index {
-    const KIND: Kind = Kind::StatefulSet;
+    const KIND: &'static str = Kind::StatefulSet.as_str();
 
     fn apply(&mut self, sts: StatefulSet) {
         // A StatefulSet being deleted keeps no address for its pods.

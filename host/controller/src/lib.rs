@@ -1,0 +1,10 @@
+//! allot-controller: the cluster-wide half of allot, one leader per cluster.
+//!
+//! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease; everything that writes
+//!   acts only while this replica leads.
+//! - [`gc`]: garbage collection of leaked addresses, driven by pod events and a periodic scan,
+//!   deciding with core's table (`allot_core::gc::decide`).
+//! - [`pools`]: pool lifecycle: status counts derived from the claims, the finalizer that keeps
+//!   a pool with claims from disappearing.
+
+pub mod lease;
