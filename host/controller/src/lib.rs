@@ -7,4 +7,10 @@
 //! - [`pools`]: pool lifecycle: status counts derived from the claims, the finalizer that keeps
 //!   a pool with claims from disappearing.
 
+pub mod args;
+pub mod gc;
 pub mod lease;
+pub mod metrics;
+pub mod pools;
+pub mod run;
+pub mod serve;

@@ -1,4 +1,25 @@
 //! allot-controller: garbage collection, pool lifecycle, subnet auto-pools and admission
 //! webhooks for a cluster, one leader at a time.
 
-fn main() {}
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = match allot_controller::args::ControllerArgs::parse_with_env() {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    match allot_controller::run::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("allot-controller: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -13,17 +13,22 @@
 //!   loader one by one (so one malformed object can neither break the watch nor make more
 //!   addresses allocatable: core's `reconcile` keeps its last good version in force).
 //!
+//! [`ClusterIndex`] holds what the controller knows of the whole cluster (every pod, node,
+//! StatefulSet, allot's Endpoints and pools), for garbage collection and pool lifecycle.
+//!
 //! Every change goes through [`SharedIndex::update`], which counts it and wakes whoever waits
 //! for one (an ADD waiting for its pod to reach the cache). [`feed`] turns a watch stream into
 //! those updates: objects listed after a (re)start replace the kind's contents at once, when
 //! the list is complete, so a relist never shows a half-empty cache.
 
 mod allot;
+pub mod cluster;
 mod feed;
 mod index;
 pub mod multus;
 mod resources;
 
 pub use allot::{PoolObject, ReservedObject, SubnetObject};
+pub use cluster::{ClusterIndex, ClusterKind, EndpointObject, PodEntry};
 pub use feed::{IndexResource, feed};
 pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, Shared, SharedIndex};

@@ -21,6 +21,7 @@
 mod objects;
 mod response;
 mod selector;
+pub mod verifier;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;

@@ -1,0 +1,137 @@
+//! The controller's Prometheus metrics: what GC released and why, scans, leadership, pool usage.
+
+use allot_core::gc::LeakReason;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    pub pool: String,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// Addresses GC released, by the decision table's reason.
+    pub gc_released: Family<ReasonLabel, Counter>,
+    /// Leaks the fresh read from the API just before release showed in use (kept).
+    pub gc_kept_on_recheck: Counter,
+    pub gc_suspects: Gauge,
+    pub gc_scans: Counter,
+    pub gc_scan_seconds: Histogram,
+    pub gc_errors: Counter,
+    pub endpoints_deleted: Counter,
+    pub leader: Gauge,
+    pub pool_allocated: Family<PoolLabel, Gauge>,
+    pub pool_total: Family<PoolLabel, Gauge>,
+    pub pool_status_writes: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("allot");
+        let m = Metrics {
+            gc_released: Family::default(),
+            gc_kept_on_recheck: Counter::default(),
+            gc_suspects: Gauge::default(),
+            gc_scans: Counter::default(),
+            gc_scan_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            gc_errors: Counter::default(),
+            endpoints_deleted: Counter::default(),
+            leader: Gauge::default(),
+            pool_allocated: Family::default(),
+            pool_total: Family::default(),
+            pool_status_writes: Counter::default(),
+            registry: Registry::default(),
+        };
+        for reason in LeakReason::ALL {
+            // Every reason shows from the start, at 0, so that rate() works from the first scrape.
+            let _ = m.gc_released.get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_string(),
+            });
+        }
+        registry.register(
+            "gc_released",
+            "Addresses garbage collection released, by reason (the decision table's row)",
+            m.gc_released.clone(),
+        );
+        registry.register(
+            "gc_kept_on_recheck",
+            "Leaks that a fresh read of the pod just before release showed in use, and were kept",
+            m.gc_kept_on_recheck.clone(),
+        );
+        registry.register(
+            "gc_suspects",
+            "Claims seen leaked once, waiting for their second sighting past the grace period",
+            m.gc_suspects.clone(),
+        );
+        registry.register("gc_scans", "Full GC scans run", m.gc_scans.clone());
+        registry.register(
+            "gc_scan_duration_seconds",
+            "Time of one full GC scan (decisions over every claim, re-checks, releases)",
+            m.gc_scan_seconds.clone(),
+        );
+        registry.register(
+            "gc_errors",
+            "GC passes that stopped on a store or API error (what was not released stays suspect)",
+            m.gc_errors.clone(),
+        );
+        registry.register(
+            "gc_endpoints_deleted",
+            "Outdated Endpoints deleted (ALLOT_GC_CLEAN_OUTDATED_ENDPOINT)",
+            m.endpoints_deleted.clone(),
+        );
+        registry.register(
+            "controller_leader",
+            "1 while this replica holds the leader lease",
+            m.leader.clone(),
+        );
+        registry.register(
+            "pool_allocated_addresses",
+            "Addresses claimed from each IPPool",
+            m.pool_allocated.clone(),
+        );
+        registry.register(
+            "pool_total_addresses",
+            "Addresses each IPPool may hand out (ips − excludeIPs − gateway)",
+            m.pool_total.clone(),
+        );
+        registry.register(
+            "pool_status_writes",
+            "IPPool and Subnet status writes (counts changed)",
+            m.pool_status_writes.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    pub fn released(&self, reason: LeakReason) {
+        self.gc_released
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    /// The text exposition format, for `GET /metrics`.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!("cannot encode metrics: {e}");
+        }
+        out
+    }
+}

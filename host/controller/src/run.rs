@@ -1,0 +1,210 @@
+//! Wiring: the client, the claim store, the index's watches, the election, and the loops that
+//! act as leader.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_core::store::{Store, system_clock};
+use allot_index::{
+    ClusterIndex, EndpointObject, PoolObject, ReservedObject, Shared, SubnetObject, feed,
+};
+use allot_k8s::{Endpoint, IPPool, ReservedIP, Subnet};
+use allot_store::{KubeConfig, KubeStore};
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+
+use crate::args::ControllerArgs;
+use crate::gc::{ApiReader, Collector};
+use crate::lease::{Leadership, elect};
+use crate::metrics::Metrics;
+use crate::pools::PoolLifecycle;
+use crate::serve::{Readiness, serve};
+
+/// Starts one watch per kind the controller's index follows, on the current runtime.
+pub fn watch(index: &Arc<Shared<ClusterIndex>>, client: &kube::Client, endpoints: bool) {
+    let config = watcher::Config::default();
+    let c = client.clone();
+    let i = index.clone();
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(Api::<Pod>::all(c.clone()), config.clone()).default_backoff(),
+        |p| p,
+    ));
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(Api::<Node>::all(c.clone()), config.clone()).default_backoff(),
+        |n| n,
+    ));
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(Api::<StatefulSet>::all(c.clone()), config.clone()).default_backoff(),
+        |s| s,
+    ));
+    if endpoints {
+        tokio::spawn(feed(
+            i.clone(),
+            watcher(Api::<Endpoint>::all(c.clone()), config.clone()).default_backoff(),
+            EndpointObject,
+        ));
+    }
+    let dynamic = |r: ApiResource| Api::<DynamicObject>::all_with(c.clone(), &r);
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(dynamic(ApiResource::erase::<IPPool>(&())), config.clone()).default_backoff(),
+        PoolObject,
+    ));
+    tokio::spawn(feed(
+        i.clone(),
+        watcher(dynamic(ApiResource::erase::<Subnet>(&())), config.clone()).default_backoff(),
+        SubnetObject,
+    ));
+    tokio::spawn(feed(
+        i,
+        watcher(dynamic(ApiResource::erase::<ReservedIP>(&())), config).default_backoff(),
+        ReservedObject,
+    ));
+}
+
+/// A future that completes when `stop` turns true.
+pub async fn stopped(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    if args.lease_renew_deadline_seconds >= args.lease_duration_seconds {
+        bail!(
+            "--lease-renew-deadline-seconds ({}) must be shorter than --lease-duration-seconds \
+             ({}): a leader must stop acting before another may take over",
+            args.lease_renew_deadline_seconds,
+            args.lease_duration_seconds
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("allot-controller")
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve_cluster(args))
+}
+
+async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
+    let identity = match &args.identity {
+        Some(i) => i.clone(),
+        None => hostname(),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let ready = Readiness::default();
+    let bound = serve(args.metrics_address, metrics.clone(), ready.clone())
+        .await
+        .with_context(|| format!("cannot listen on {}", args.metrics_address))?;
+    tracing::info!(%bound, "serving /metrics, /healthz, /readyz");
+
+    let client = allot_store::kube_client(args.kubeconfig.as_deref()).await?;
+    let kubeconfig = args.kubeconfig.clone();
+    let store: Arc<dyn Store> = tokio::task::spawn_blocking(move || {
+        KubeStore::connect(&KubeConfig {
+            kubeconfig,
+            ..KubeConfig::default()
+        })
+    })
+    .await?
+    .map(Arc::new)
+    .context("cannot open the claim store (the cluster's IPBlocks); apply crds/ first")?;
+
+    let index = Shared::of(ClusterIndex::new());
+    let settings = args.gc.settings();
+    watch(&index, &client, settings.clean_outdated_endpoints);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let leadership = Leadership::default();
+    let election = tokio::spawn(elect(
+        Api::<Lease>::namespaced(client.clone(), &args.namespace),
+        args.lease_config(&identity),
+        leadership.clone(),
+        stopped(stop_rx.clone()),
+    ));
+
+    let collector = Collector::new(
+        store.clone(),
+        index.clone(),
+        Arc::new(ApiReader::new(client.clone(), &identity)),
+        settings,
+        leadership.clone(),
+        metrics.clone(),
+        system_clock(),
+    );
+    let gc = tokio::spawn(collector.run(stopped(stop_rx.clone())));
+    let lifecycle = PoolLifecycle::new(
+        client.clone(),
+        store.clone(),
+        index.clone(),
+        leadership.clone(),
+        metrics.clone(),
+    );
+    let pools = tokio::spawn(lifecycle.run(
+        Duration::from_secs(args.status_interval_seconds.max(1)),
+        stopped(stop_rx.clone()),
+    ));
+
+    // Ready once the index has listed what GC and pool lifecycle read.
+    let readiness = {
+        let index = index.clone();
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let _ = index
+                .wait_for(Duration::MAX, |i| {
+                    (i.ready_for_gc() && i.ready_for_pools()).then_some(())
+                })
+                .await;
+            ready.set(true);
+            tracing::info!("index listed: ready");
+        })
+    };
+
+    shutdown_signal().await;
+    tracing::info!("stopping: giving the lease up");
+    let _ = stop_tx.send(true);
+    readiness.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = election.await;
+        let _ = gc.await;
+        let _ = pools.await;
+    })
+    .await;
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "allot-controller".into())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,224 @@
+//! What the controller knows of the whole cluster, fed by watches: every pod (what the GC
+//! decision reads of it), every node's readiness, StatefulSets' replica counts, allot's
+//! `Endpoint`s, and the IPPools, Subnets and ReservedIPs with the metadata their lifecycle
+//! needs (finalizers, deletion, status as written).
+//!
+//! Like the agent's [`Index`](crate::Index) it is a plain struct of maps behind
+//! [`Shared`](crate::Shared), fed through [`feed`](crate::feed) and tested by feeding objects.
+//! Pod events that may mean a leak (a pod deleted, terminating, finished, replaced by another
+//! of its name) are remembered in [`ClusterIndex::take_pending`] for the garbage collector to
+//! look at soon, instead of waiting for its next full scan.
+
+mod resources;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use allot_core::config::{ObjectKind, Observed};
+use allot_core::gc::{PodPhase, PodState, StatefulSetState};
+use allot_core::store::Claim;
+
+pub use resources::{EndpointObject, statefulset_replicas};
+
+/// The kinds the controller's index follows; each is "synced" once its first list is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ClusterKind {
+    Pod,
+    Node,
+    StatefulSet,
+    Endpoint,
+    IpPool,
+    Subnet,
+    ReservedIp,
+}
+
+impl ClusterKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ClusterKind::Pod => "Pod",
+            ClusterKind::Node => "Node",
+            ClusterKind::StatefulSet => "StatefulSet",
+            ClusterKind::Endpoint => "Endpoint",
+            ClusterKind::IpPool => "IPPool",
+            ClusterKind::Subnet => "Subnet",
+            ClusterKind::ReservedIp => "ReservedIP",
+        }
+    }
+}
+
+/// What the index keeps of one pod: what the GC decision reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEntry {
+    pub uid: String,
+    pub node: String,
+    pub phase: PodPhase,
+    pub deleting_at: Option<u64>,
+    pub grace: u64,
+    pub host_network: bool,
+    pub has_pod_ips: bool,
+    pub finished_at: Option<u64>,
+}
+
+/// An IPPool, Subnet or ReservedIP: core's check of its spec, and the metadata the controller
+/// manages.
+#[derive(Clone, Debug)]
+pub struct AllotEntry {
+    pub observed: Observed,
+    pub uid: String,
+    pub resource_version: String,
+    pub finalizers: Vec<String>,
+    pub deleting: bool,
+    /// `status.allocatedIPCount` and `status.totalIPCount` as last written.
+    pub status: (Option<u64>, Option<u64>),
+}
+
+type Key = (String, String);
+
+fn key(namespace: &str, name: &str) -> Key {
+    (namespace.to_string(), name.to_string())
+}
+
+/// The controller's view of the cluster. Fed by [`crate::feed`] (or by tests, object by object).
+#[derive(Debug, Default)]
+pub struct ClusterIndex {
+    pub(crate) pods: HashMap<Key, PodEntry>,
+    /// Node name → Ready.
+    pub(crate) nodes: HashMap<String, bool>,
+    pub(crate) statefulsets: HashMap<Key, u32>,
+    /// allot Endpoints: (namespace, name) → the pod UID it was written for.
+    pub(crate) endpoints: HashMap<Key, String>,
+    pub(crate) allot: BTreeMap<(ObjectKind, String), AllotEntry>,
+    pub(crate) synced: BTreeSet<ClusterKind>,
+    pub(crate) pending: BTreeSet<Key>,
+}
+
+impl ClusterIndex {
+    pub fn new() -> ClusterIndex {
+        ClusterIndex::default()
+    }
+
+    pub fn is_synced(&self, kind: ClusterKind) -> bool {
+        self.synced.contains(&kind)
+    }
+
+    /// Whether pods, nodes and StatefulSets are listed: before that, a pod missing from the
+    /// index may just not be listed yet, and no decision may be taken on it.
+    pub fn ready_for_gc(&self) -> bool {
+        [
+            ClusterKind::Pod,
+            ClusterKind::Node,
+            ClusterKind::StatefulSet,
+        ]
+        .iter()
+        .all(|k| self.is_synced(*k))
+    }
+
+    /// IPPools, Subnets and ReservedIPs are listed.
+    pub fn ready_for_pools(&self) -> bool {
+        [
+            ClusterKind::IpPool,
+            ClusterKind::Subnet,
+            ClusterKind::ReservedIp,
+        ]
+        .iter()
+        .all(|k| self.is_synced(*k))
+    }
+
+    pub(crate) fn mark_synced(&mut self, kind: ClusterKind) {
+        self.synced.insert(kind);
+    }
+
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodEntry> {
+        self.pods.get(&key(namespace, name))
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether `node` is Ready; `None` for a node the index does not know.
+    pub fn node_ready(&self, node: &str) -> Option<bool> {
+        self.nodes.get(node).copied()
+    }
+
+    /// What the GC decision needs to know of the pod `namespace/name`.
+    pub fn pod_state(&self, namespace: &str, name: &str) -> Option<PodState> {
+        self.pod(namespace, name).map(|p| self.state_of(p))
+    }
+
+    /// A pod entry as the decision reads it (its node's readiness from the index).
+    pub fn state_of(&self, p: &PodEntry) -> PodState {
+        PodState {
+            uid: p.uid.clone(),
+            phase: p.phase,
+            deleting_at: p.deleting_at,
+            grace: p.grace,
+            host_network: p.host_network,
+            node_ready: if p.node.is_empty() {
+                None
+            } else {
+                self.node_ready(&p.node)
+            },
+            has_pod_ips: p.has_pod_ips,
+            finished_at: p.finished_at,
+        }
+    }
+
+    /// The replica count of a StatefulSet, `None` when it does not exist (or is being deleted:
+    /// then it keeps no address).
+    pub fn statefulset_replicas(&self, namespace: &str, name: &str) -> Option<u32> {
+        self.statefulsets.get(&key(namespace, name)).copied()
+    }
+
+    /// What the decision needs to know of the StatefulSet `claim` was made for.
+    pub fn statefulset_state(&self, claim: &Claim) -> StatefulSetState {
+        statefulset_state(claim, |ns, name| self.statefulset_replicas(ns, name))
+    }
+
+    /// The pod UID an allot Endpoint was written for.
+    pub fn endpoint_uid(&self, namespace: &str, name: &str) -> Option<&str> {
+        self.endpoints
+            .get(&key(namespace, name))
+            .map(String::as_str)
+    }
+
+    /// Every allot Endpoint: (namespace, name, pod UID).
+    pub fn endpoints(&self) -> impl Iterator<Item = (&str, &str, &str)> {
+        self.endpoints
+            .iter()
+            .map(|((ns, name), uid)| (ns.as_str(), name.as_str(), uid.as_str()))
+    }
+
+    /// IPPools, Subnets and ReservedIPs as last seen, by kind and name.
+    pub fn allot_objects(&self) -> impl Iterator<Item = &AllotEntry> {
+        self.allot.values()
+    }
+
+    pub fn allot_object(&self, kind: ObjectKind, name: &str) -> Option<&AllotEntry> {
+        self.allot.get(&(kind, name.to_string()))
+    }
+
+    /// Pods whose events since the last call may mean their addresses leaked.
+    pub fn take_pending(&mut self) -> BTreeSet<(String, String)> {
+        std::mem::take(&mut self.pending)
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+}
+
+/// [`StatefulSetState`] of `claim`'s owner, given a lookup of replica counts (the index's, or
+/// a fresh read from the API).
+pub fn statefulset_state(
+    claim: &Claim,
+    replicas: impl FnOnce(&str, &str) -> Option<u32>,
+) -> StatefulSetState {
+    if !claim.pod.is_stateful() {
+        return StatefulSetState::NotStateful;
+    }
+    let owner = claim.pod.owner_name.as_deref().unwrap_or_default();
+    match replicas(&claim.pod.namespace, owner) {
+        Some(n) => StatefulSetState::Replicas(n),
+        None => StatefulSetState::Gone,
+    }
+}
