@@ -134,7 +134,7 @@ fn client(source: &OciSource, options: &Options) -> Client {
     // reqwest is built without a crypto provider of its own: use ring, as kube and etcd-client do.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let registry = source.reference.resolve_registry().to_string();
-    let plain = is_loopback(&registry) || options.plain_http.iter().any(|h| *h == registry);
+    let plain = is_loopback(&registry) || options.plain_http.contains(&registry);
     Client::new(ClientConfig {
         protocol: if plain {
             ClientProtocol::Http
