@@ -55,18 +55,22 @@ pub struct Resolved {
 }
 
 impl<'a> Context<'a> {
+    #[inline]
     pub fn pools(&self) -> &'a [Pool] {
         &self.inventory.pools
     }
 
+    #[inline]
     pub fn pool(&self, index: u32) -> &'a Pool {
         &self.inventory.pools[index as usize]
     }
 
+    #[inline]
     pub fn pool_index(&self, name: &str) -> Option<u32> {
         self.index.pools.get(name).copied()
     }
 
+    #[inline]
     pub fn subnet(&self, name: &str) -> Option<&'a Subnet> {
         self.index
             .subnets
@@ -75,6 +79,7 @@ impl<'a> Context<'a> {
     }
 
     /// Free addresses of pool `index` (0 when the host sent no count for it).
+    #[inline]
     pub fn free(&self, index: u32) -> u64 {
         self.request
             .free_counts
@@ -83,22 +88,27 @@ impl<'a> Context<'a> {
             .unwrap_or(0)
     }
 
+    #[inline]
     pub fn pod_labels(&self) -> &'a [Label] {
         &self.request.pod.labels
     }
 
+    #[inline]
     pub fn pod_annotations(&self) -> &'a [Label] {
         &self.request.pod.annotations
     }
 
+    #[inline]
     pub fn namespace_labels(&self) -> &'a [Label] {
         &self.request.namespace.labels
     }
 
+    #[inline]
     pub fn namespace_annotations(&self) -> &'a [Label] {
         &self.request.namespace.annotations
     }
 
+    #[inline]
     pub fn node_labels(&self) -> &'a [Label] {
         &self.request.node.labels
     }
