@@ -373,22 +373,32 @@ pub fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<
     // As Spiderpool: nodeName, when set, decides alone ("NodeName has higher priority than
     // NodeAffinity"); nodeAffinity decides only when nodeName is empty. Likewise namespaceName
     // over namespaceAffinity.
-    if !pool.node_name.is_empty() {
-        if !pool.node_name.contains(&req.node.name) {
-            return reject(DropReason::NodeMismatch);
-        }
-    } else if let Some(sel) = &pool.node_affinity
-        && !selector::matches(sel, ctx.node_labels())
-    {
+    // Both depend only on the pool and the node (or namespace): computed once per node (or
+    // namespace) and inventory generation, then reused for every pod.
+    let node_ok = (pool.node_name.is_empty() && pool.node_affinity.is_none())
+        || ctx.node_verdict(index, || {
+            if !pool.node_name.is_empty() {
+                pool.node_name.contains(&req.node.name)
+            } else {
+                pool.node_affinity
+                    .as_ref()
+                    .is_none_or(|sel| selector::matches(sel, ctx.node_labels()))
+            }
+        });
+    if !node_ok {
         return reject(DropReason::NodeMismatch);
     }
-    if !pool.namespace_name.is_empty() {
-        if !pool.namespace_name.contains(&req.namespace.name) {
-            return reject(DropReason::NamespaceMismatch);
-        }
-    } else if let Some(sel) = &pool.namespace_affinity
-        && !selector::matches(sel, ctx.namespace_labels())
-    {
+    let namespace_ok = (pool.namespace_name.is_empty() && pool.namespace_affinity.is_none())
+        || ctx.namespace_verdict(index, || {
+            if !pool.namespace_name.is_empty() {
+                pool.namespace_name.contains(&req.namespace.name)
+            } else {
+                pool.namespace_affinity
+                    .as_ref()
+                    .is_none_or(|sel| selector::matches(sel, ctx.namespace_labels()))
+            }
+        });
+    if !namespace_ok {
         return reject(DropReason::NamespaceMismatch);
     }
     if let Some(sel) = &pool.pod_affinity
