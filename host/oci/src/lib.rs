@@ -14,6 +14,7 @@
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciImageManifest};
@@ -23,6 +24,10 @@ use sha2::{Digest, Sha256};
 
 pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
 pub const LAYER_MEDIA_TYPE: &str = "application/vnd.wasm.content.layer.v1+wasm";
+
+/// How long a whole pull (or push) may take: a registry that stalls or drips must not hold an
+/// agent's policy follower forever.
+pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The largest component pulled (as the agent's other sources: the default policy is well under
 /// 1 MiB).
@@ -141,6 +146,10 @@ fn client(source: &OciSource, options: &Options) -> Client {
         } else {
             ClientProtocol::Https
         },
+        connect_timeout: Some(Duration::from_secs(10)),
+        read_timeout: Some(Duration::from_secs(30)),
+        // A manifest list is not what `push` makes: refuse it rather than pick a platform.
+        platform_resolver: None,
         ..Default::default()
     })
 }
@@ -163,8 +172,25 @@ pub struct Pushed {
     pub pinned: String,
 }
 
+fn timed_out(reference: &str) -> OciError {
+    OciError::Registry {
+        reference: reference.to_string(),
+        reason: format!("no complete answer within {} s", TRANSFER_TIMEOUT.as_secs()),
+    }
+}
+
 /// Pushes `component` as an artifact to `target` (which must name a tag).
 pub async fn push(component: &[u8], target: &str, options: &Options) -> Result<Pushed, OciError> {
+    tokio::time::timeout(TRANSFER_TIMEOUT, push_unbounded(component, target, options))
+        .await
+        .unwrap_or_else(|_| Err(timed_out(target)))
+}
+
+async fn push_unbounded(
+    component: &[u8],
+    target: &str,
+    options: &Options,
+) -> Result<Pushed, OciError> {
     let source = OciSource::parse(target)?;
     if source.reference.digest().is_some() {
         return Err(OciError::Invalid {
@@ -224,6 +250,12 @@ pub struct Pulled {
 
 /// Pulls the component `source` names, verifying every digest on the way.
 pub async fn pull(source: &OciSource, options: &Options) -> Result<Pulled, OciError> {
+    tokio::time::timeout(TRANSFER_TIMEOUT, pull_unbounded(source, options))
+        .await
+        .unwrap_or_else(|_| Err(timed_out(&source.text)))
+}
+
+async fn pull_unbounded(source: &OciSource, options: &Options) -> Result<Pulled, OciError> {
     let reference = source.text.clone();
     let client = client(source, options);
     let registry_error = |e: oci_client::errors::OciDistributionError| match e {
