@@ -26,6 +26,7 @@ ping iputils-ping
 arping iputils-arping
 ndisc6 ndisc6
 etcd etcd-server
+docker-registry docker-registry
 openssl openssl
 etcdctl etcd-client
 protoc protobuf-compiler

@@ -73,9 +73,11 @@ pub struct Args {
     /// this often until it is fixed.
     #[arg(long, default_value_t = 1000)]
     reload_interval_ms: u64,
-    /// A pool-selection policy component to use instead of the embedded default.
-    #[arg(long, value_name = "FILE.wasm")]
-    policy: Option<PathBuf>,
+    /// A pool-selection policy component to use instead of the embedded default: a file, or an
+    /// OCI artifact (`oci://HOST/REPO@sha256:…`, pushed with `allotctl policy push`; every digest
+    /// is verified, and a tag instead of a digest is pulled as it is now).
+    #[arg(long, value_name = "FILE.wasm|oci://HOST/REPO@sha256:HEX")]
+    policy: Option<String>,
     /// Refuse the policy unless its sha256 is this (hex).
     #[arg(long, value_name = "HEX", requires = "policy")]
     policy_sha256: Option<String>,
@@ -88,6 +90,15 @@ pub struct Args {
     /// Memory a policy instance may use, in MiB.
     #[arg(long, default_value_t = 64)]
     policy_memory_mib: usize,
+    /// An OCI registry (`HOST` or `HOST:PORT`) to pull policies from over plain HTTP (loopback
+    /// registries always are); may be repeated.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    registry_plain_http: Vec<String>,
+    /// How many recent policy decisions the agent keeps for `allotctl policy record` (served on
+    /// its socket, GET /v1/decisions). They hold what the policy saw, pod labels and annotations
+    /// included; 0 keeps none.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    record_decisions: usize,
     /// Seconds a released address stays out of use before it is handed out again (neighbours'
     /// ARP caches may still point at the old pod).
     #[arg(long, value_name = "SECONDS", default_value_t = EngineConfig::default().cooldown)]
@@ -211,10 +222,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let policies = PolicyEngine::new(limits, cache.clone())?;
     let default = Arc::new(policies.load(&PolicySource::embedded_default())?);
-    let registry = Arc::new(PolicyRegistry::new(default));
+    let decisions = (args.record_decisions > 0)
+        .then(|| Arc::new(allot_policy::DecisionLog::new(args.record_decisions)));
+    let mut registry = PolicyRegistry::new(default);
+    if let Some(log) = &decisions {
+        registry = registry.with_decision_log(log.clone());
+    }
+    let registry = Arc::new(registry);
+    let oci = allot_oci::Options {
+        plain_http: args.registry_plain_http.clone(),
+        credentials: None,
+    };
     let mut base_policy = None;
-    if let Some(path) = &args.policy {
-        let mut source = PolicySource::file(path)?;
+    if let Some(location) = &args.policy {
+        let mut source = match location.strip_prefix("oci://") {
+            Some(_) => {
+                let reference = allot_oci::OciSource::parse(location)?;
+                let pulled = runtime
+                    .block_on(allot_oci::pull(&reference, &oci))
+                    .context("pulling --policy")?;
+                tracing::info!(policy = %reference, manifest = %pulled.manifest_digest, component = %pulled.component_digest, "pulled the policy");
+                PolicySource::bytes(location.clone(), pulled.component)
+            }
+            None => PolicySource::file(location)?,
+        };
         if let Some(hex) = &args.policy_sha256 {
             source = source.with_sha256(hex);
         }
@@ -250,6 +281,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         base_limits: limits,
         cache,
         base: base_policy,
+        oci,
     });
     let shared = Arc::new(Shared {
         engine,
@@ -259,6 +291,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         journal: args.journal.clone(),
         cluster,
         underlay,
+        decisions,
     });
 
     runtime.block_on(async move {

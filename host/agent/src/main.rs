@@ -8,6 +8,7 @@ mod journal;
 mod memory;
 mod metrics;
 mod quarantine;
+mod recorded;
 mod server;
 mod standalone;
 

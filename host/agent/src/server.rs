@@ -36,6 +36,8 @@ pub struct Shared {
     pub cluster: Option<crate::cluster::Cluster>,
     /// Probe defaults for the plugin, and how long quarantines last.
     pub underlay: crate::quarantine::Underlay,
+    /// The ring of recent policy decisions (`--record-decisions`), served on `GET /v1/decisions`.
+    pub decisions: Option<Arc<allot_policy::DecisionLog>>,
 }
 
 pub(crate) type Reply = Response<Full<Bytes>>;
@@ -202,6 +204,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
                 .encode(&shared.engine.usage(), shared.engine.lost_races()),
         ),
         (Method::GET, api::STATUS) => json(StatusCode::OK, &status(&shared)),
+        (Method::GET, api::DECISIONS) => json(
+            StatusCode::OK,
+            &crate::recorded::recorded(shared.decisions.as_deref(), &shared.node_name),
+        ),
         (Method::POST, api::ADD) => match body::<api::AddRequest>(req).await {
             Ok(r) => add(shared, r).await,
             Err(reply) => reply,

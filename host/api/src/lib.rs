@@ -9,6 +9,7 @@
 //! | `POST /v1/gc`     | [`GcRequest`]    | [`GcResponse`]   |
 //! | `POST /v1/quarantine` | [`QuarantineRequest`] | [`IpamResult`] |
 //! | `GET /v1/status`  |                  | [`StatusResponse`] |
+//! | `GET /v1/decisions` |                | [`RecordedDecisions`] |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | | text |
 //!
 //! Failures answer a non-2xx status with an [`ErrorBody`] whose `code` is the CNI error code the
@@ -24,6 +25,7 @@ pub const CHECK: &str = "/v1/check";
 pub const GC: &str = "/v1/gc";
 pub const STATUS: &str = "/v1/status";
 pub const QUARANTINE: &str = "/v1/quarantine";
+pub const DECISIONS: &str = "/v1/decisions";
 pub const HEALTHZ: &str = "/healthz";
 pub const READYZ: &str = "/readyz";
 pub const METRICS: &str = "/metrics";
@@ -268,6 +270,36 @@ pub struct PoolStatus {
 
 fn serving() -> String {
     "serving".into()
+}
+
+/// The agent's ring of recent policy decisions (`--record-decisions`), oldest first, for
+/// `allotctl policy record`. Each carries what the policy saw, pod labels and annotations
+/// included, as a scenario (examples/scenarios/README.md) whose expectation is the decision made.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedDecisions {
+    /// How many decisions the agent keeps (0: recording is off).
+    pub capacity: usize,
+    pub decisions: Vec<RecordedDecision>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedDecision {
+    /// Counts decisions since the agent started; a gap means older ones left the ring.
+    pub seq: u64,
+    /// Unix seconds.
+    pub at: u64,
+    /// The policy that decided, and its sha256 (hex).
+    pub policy: String,
+    pub sha256: String,
+    /// The cluster's policy faulted with this error and the embedded default decided instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_from: Option<String>,
+    /// `namespace/name` of the pod.
+    pub pod: String,
+    /// The scenario document.
+    pub scenario: serde_json::Value,
 }
 
 /// A failure, carrying the CNI error code the plugin reports.

@@ -43,22 +43,22 @@ pub fn run(policy: &dyn Policy, loaded: &Loaded, generation: u64) -> Verdict {
     }
 }
 
-fn name(inv: &Inventory, i: u32) -> String {
+pub(crate) fn name(inv: &Inventory, i: u32) -> String {
     inv.pools
         .get(i as usize)
         .map(|p| p.name.clone())
         .unwrap_or_else(|| format!("#{i}"))
 }
 
-fn names(inv: &Inventory, list: &[u32]) -> Vec<String> {
+pub(crate) fn names(inv: &Inventory, list: &[u32]) -> Vec<String> {
     list.iter().map(|&i| name(inv, i)).collect()
 }
 
-fn show_list(list: &[String]) -> String {
+pub(crate) fn show_list(list: &[String]) -> String {
     format!("[{}]", list.join(", "))
 }
 
-fn ref_name(inv: &Inventory, r: &PoolRef) -> String {
+pub(crate) fn ref_name(inv: &Inventory, r: &PoolRef) -> String {
     match r {
         PoolRef::Index(i) => name(inv, *i),
         PoolRef::Missing(n) => n.clone(),

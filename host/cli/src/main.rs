@@ -2,6 +2,7 @@
 
 mod fleet_cmd;
 mod harness;
+mod policy_cmd;
 mod scenario;
 mod store_cmd;
 
@@ -84,6 +85,16 @@ enum PolicyCommand {
         #[arg(long, default_value_t = 20_000)]
         iterations: usize,
     },
+    /// Create a policy crate that starts as the default policy, with one scenario.
+    New(policy_cmd::NewArgs),
+    /// Print every scenario whose decision differs between two policies (exit 1 if any).
+    Diff(policy_cmd::DiffArgs),
+    /// Push a policy component to an OCI registry; prints its digests.
+    Push(policy_cmd::PushArgs),
+    /// Pull a policy component from an OCI registry, verifying its digests.
+    Pull(policy_cmd::PullArgs),
+    /// Write the decisions an agent made recently as scenario files.
+    Record(policy_cmd::RecordArgs),
 }
 
 #[derive(Args)]
@@ -177,6 +188,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             pools,
             iterations,
         }) => bench(&policy, pools, iterations),
+        Command::Policy(PolicyCommand::New(args)) => policy_cmd::new(&args),
+        Command::Policy(PolicyCommand::Diff(args)) => policy_cmd::diff(&args),
+        Command::Policy(PolicyCommand::Push(args)) => policy_cmd::push(&args),
+        Command::Policy(PolicyCommand::Pull(args)) => policy_cmd::pull(&args),
+        Command::Policy(PolicyCommand::Record(args)) => policy_cmd::record(&args),
         Command::Claims(c) => store_cmd::claims_command(&cli.store, c),
         Command::Pool(c) => store_cmd::pool_command(&cli.store, c),
         Command::Fleet(c) => fleet_cmd::fleet_command(c),

@@ -10,6 +10,7 @@
 mod cache;
 mod contract;
 mod convert;
+mod record;
 mod registry;
 mod runtime;
 mod slots;
@@ -26,6 +27,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 pub use cache::PrecompiledCache;
+pub use record::{DecisionLog, Recorded};
 pub use registry::{ClusterHandle, ClusterPolicy, OnFailure, Outcome, PolicyRegistry};
 
 /// The default policy (`policies/default`), built by this crate's build script.

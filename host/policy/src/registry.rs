@@ -8,6 +8,7 @@ use allot_core::PolicyError;
 use allot_core::policy::{Decision, Inventory, Policy, Request};
 
 use crate::LoadedPolicy;
+use crate::record::{DecisionLog, Recorded};
 
 /// What a cluster wants when its policy faults (traps, deadline, memory cap, bogus output).
 /// A policy's verdict about the input (e.g. a malformed annotation) is never overridden.
@@ -39,6 +40,7 @@ pub struct Outcome {
 pub struct PolicyRegistry {
     default: Arc<LoadedPolicy>,
     clusters: RwLock<HashMap<String, Arc<ClusterPolicy>>>,
+    log: Option<Arc<DecisionLog>>,
 }
 
 impl PolicyRegistry {
@@ -46,7 +48,18 @@ impl PolicyRegistry {
         PolicyRegistry {
             default,
             clusters: RwLock::new(HashMap::new()),
+            log: None,
         }
+    }
+
+    /// Records every decision (and error) into `log`, for `allotctl policy record`.
+    pub fn with_decision_log(mut self, log: Arc<DecisionLog>) -> Self {
+        self.log = Some(log);
+        self
+    }
+
+    pub fn decision_log(&self) -> Option<&Arc<DecisionLog>> {
+        self.log.as_ref()
     }
 
     pub fn default_policy(&self) -> &Arc<LoadedPolicy> {
@@ -90,21 +103,46 @@ impl PolicyRegistry {
         inventory: &Arc<Inventory>,
         request: &Request,
     ) -> Result<Outcome, PolicyError> {
-        let Some(entry) = self.get(cluster) else {
-            return self.decide_with_default(inventory, request, None);
+        let entry = self.get(cluster);
+        let asked = entry.as_ref().map_or(&self.default, |e| &e.policy);
+        let result = match &entry {
+            None => self.decide_with_default(inventory, request, None),
+            Some(entry) => match entry.policy.decide(inventory, request) {
+                Ok(decision) => Ok(Outcome {
+                    decision,
+                    decided_by: entry.policy.name().to_string(),
+                    fallback_from: None,
+                }),
+                Err(e) if e.kind.is_fault() && entry.on_failure == OnFailure::FallBackToDefault => {
+                    tracing::warn!(cluster, policy = entry.policy.name(), error = %e, "policy faulted; deciding with the default policy");
+                    self.decide_with_default(inventory, request, Some(e))
+                }
+                Err(e) => Err(e),
+            },
         };
-        match entry.policy.decide(inventory, request) {
-            Ok(decision) => Ok(Outcome {
-                decision,
-                decided_by: entry.policy.name().to_string(),
-                fallback_from: None,
-            }),
-            Err(e) if e.kind.is_fault() && entry.on_failure == OnFailure::FallBackToDefault => {
-                tracing::warn!(cluster, policy = entry.policy.name(), error = %e, "policy faulted; deciding with the default policy");
-                self.decide_with_default(inventory, request, Some(e))
-            }
-            Err(e) => Err(e),
+        if let Some(log) = &self.log {
+            let (policy, fallback_from) = match &result {
+                Ok(Outcome {
+                    fallback_from: Some(e),
+                    ..
+                }) => (&self.default, Some(e.clone())),
+                _ => (asked, None),
+            };
+            log.push(|seq| Recorded {
+                seq,
+                at: std::time::SystemTime::now(),
+                policy: policy.name().to_string(),
+                sha256: policy.sha256().to_string(),
+                fallback_from,
+                inventory: inventory.clone(),
+                request: request.clone(),
+                result: result
+                    .as_ref()
+                    .map(|o| o.decision.clone())
+                    .map_err(Clone::clone),
+            });
         }
+        result
     }
 
     fn decide_with_default(

@@ -1,9 +1,10 @@
 //! What a stage sees: the inventory, the request, and fast lookups built once per inventory.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, DefaultHasher};
 
-use crate::types::{Inventory, IpFamily, Label, Pool, PoolRef, Request, Subnet};
+use crate::types::{Inventory, IpFamily, Label, Namespace, Node, Pool, PoolRef, Request, Subnet};
 use crate::wildcard;
 use crate::{DropReason, Dropped};
 
@@ -37,11 +38,67 @@ impl Index {
     }
 }
 
+/// Verdicts that depend only on a pool and the node (or the namespace), kept across calls for
+/// one inventory generation: an agent serves one node, so its node checks are the same for every
+/// pod, and a namespace's for every pod in it. Reset when the node (or namespace) differs from
+/// the one they were computed for.
+#[derive(Debug, Default)]
+pub(crate) struct Memo {
+    node: Option<Node>,
+    node_verdicts: Vec<Verdict>,
+    namespace: Option<Namespace>,
+    namespace_verdicts: Vec<Verdict>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Verdict {
+    #[default]
+    Unknown,
+    Fails,
+    Passes,
+}
+
+impl Memo {
+    /// Forgets what was computed for another node or namespace than the request's.
+    pub(crate) fn prepare(&mut self, request: &Request, pools: usize) {
+        if self.node.as_ref() != Some(&request.node) {
+            self.node = Some(request.node.clone());
+            self.node_verdicts.clear();
+            self.node_verdicts.resize(pools, Verdict::Unknown);
+        }
+        if self.namespace.as_ref() != Some(&request.namespace) {
+            self.namespace = Some(request.namespace.clone());
+            self.namespace_verdicts.clear();
+            self.namespace_verdicts.resize(pools, Verdict::Unknown);
+        }
+    }
+}
+
+fn remembered(verdicts: &mut [Verdict], index: u32, check: impl FnOnce() -> bool) -> bool {
+    let Some(slot) = verdicts.get_mut(index as usize) else {
+        return check();
+    };
+    match *slot {
+        Verdict::Passes => true,
+        Verdict::Fails => false,
+        Verdict::Unknown => {
+            let passes = check();
+            *slot = if passes {
+                Verdict::Passes
+            } else {
+                Verdict::Fails
+            };
+            passes
+        }
+    }
+}
+
 /// The inventory and request of one decision.
 pub struct Context<'a> {
     pub inventory: &'a Inventory,
     pub request: &'a Request,
     pub(crate) index: &'a Index,
+    pub(crate) memo: &'a RefCell<Memo>,
 }
 
 /// Names resolved against the inventory.
@@ -55,18 +112,22 @@ pub struct Resolved {
 }
 
 impl<'a> Context<'a> {
+    #[inline]
     pub fn pools(&self) -> &'a [Pool] {
         &self.inventory.pools
     }
 
+    #[inline]
     pub fn pool(&self, index: u32) -> &'a Pool {
         &self.inventory.pools[index as usize]
     }
 
+    #[inline]
     pub fn pool_index(&self, name: &str) -> Option<u32> {
         self.index.pools.get(name).copied()
     }
 
+    #[inline]
     pub fn subnet(&self, name: &str) -> Option<&'a Subnet> {
         self.index
             .subnets
@@ -75,6 +136,7 @@ impl<'a> Context<'a> {
     }
 
     /// Free addresses of pool `index` (0 when the host sent no count for it).
+    #[inline]
     pub fn free(&self, index: u32) -> u64 {
         self.request
             .free_counts
@@ -83,24 +145,49 @@ impl<'a> Context<'a> {
             .unwrap_or(0)
     }
 
+    #[inline]
     pub fn pod_labels(&self) -> &'a [Label] {
         &self.request.pod.labels
     }
 
+    #[inline]
     pub fn pod_annotations(&self) -> &'a [Label] {
         &self.request.pod.annotations
     }
 
+    #[inline]
     pub fn namespace_labels(&self) -> &'a [Label] {
         &self.request.namespace.labels
     }
 
+    #[inline]
     pub fn namespace_annotations(&self) -> &'a [Label] {
         &self.request.namespace.annotations
     }
 
+    #[inline]
     pub fn node_labels(&self) -> &'a [Label] {
         &self.request.node.labels
+    }
+
+    /// `check()` for pool `index`, computed once per node and inventory generation. Only for a
+    /// check whose outcome depends on nothing but the pool and the request's node (its name and
+    /// labels), like nodeName and nodeAffinity: later requests for the same node reuse it.
+    pub fn node_verdict(&self, index: u32, check: impl FnOnce() -> bool) -> bool {
+        match self.memo.try_borrow_mut() {
+            Ok(mut memo) => remembered(&mut memo.node_verdicts, index, check),
+            // Called from within another check: compute, do not cache.
+            Err(_) => check(),
+        }
+    }
+
+    /// As [`Context::node_verdict`], for a check that depends only on the pool and the request's
+    /// namespace (its name, labels and annotations), like namespaceName and namespaceAffinity.
+    pub fn namespace_verdict(&self, index: u32, check: impl FnOnce() -> bool) -> bool {
+        match self.memo.try_borrow_mut() {
+            Ok(mut memo) => remembered(&mut memo.namespace_verdicts, index, check),
+            Err(_) => check(),
+        }
     }
 
     /// Resolves pool names and wildcard patterns to indices, keeping the user's order.

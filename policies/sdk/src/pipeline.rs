@@ -1,7 +1,9 @@
 //! The three-stage pipeline shared by every policy.
 
 use crate::Policy;
-use crate::context::{Context, Index};
+use std::cell::RefCell;
+
+use crate::context::{Context, Index, Memo};
 use crate::types::{
     AcquisitionRule, Decision, DecisionError, DropReason, Dropped, FamilyDecision, Inventory,
     IpFamily, NicDecision, PoolRef, Request, Route,
@@ -71,12 +73,17 @@ impl Rejection {
 pub struct Loaded {
     inventory: Inventory,
     index: Index,
+    memo: RefCell<Memo>,
 }
 
 impl Loaded {
     pub fn new(inventory: Inventory) -> Self {
         let index = Index::new(&inventory);
-        Loaded { inventory, index }
+        Loaded {
+            inventory,
+            index,
+            memo: RefCell::default(),
+        }
     }
 
     pub fn inventory(&self) -> &Inventory {
@@ -91,10 +98,14 @@ impl Loaded {
                 request.inventory_generation, self.inventory.generation
             )));
         }
+        self.memo
+            .borrow_mut()
+            .prepare(request, self.inventory.pools.len());
         let ctx = Context {
             inventory: &self.inventory,
             request,
             index: &self.index,
+            memo: &self.memo,
         };
         let mut nics = Vec::with_capacity(request.nics.len());
         for nic in &request.nics {

@@ -32,6 +32,8 @@ pub struct PolicyFollower {
     pub cache: Option<PrecompiledCache>,
     /// What serves when no Policy object exists (the embedded default, or `--policy`).
     pub base: Option<(Arc<LoadedPolicy>, OnFailure)>,
+    /// How to reach the registries of `oci://` sources.
+    pub oci: allot_oci::Options,
 }
 
 /// A refusal: the digest of what was refused, when known, and why.
@@ -147,13 +149,15 @@ impl PolicyFollower {
                 (what, bytes)
             }
             PolicyLocation::Oci(reference) => {
-                return Err(refuse(
-                    None,
-                    format!(
-                        "{reference}: this agent cannot pull OCI artifacts yet; serve the \
-                         component from a ConfigMap (binaryData) or a file on the nodes"
-                    ),
-                ));
+                let source = allot_oci::OciSource::parse(reference)
+                    .map_err(|e| refuse(None, e.to_string()))?;
+                if source.digest().is_none() && spec.sha256.is_none() {
+                    tracing::warn!(policy = %self.name, %reference, "the Policy names an OCI tag and no sha256: nodes that pull at different times may get different components; pin it with @sha256:… or spec.sha256");
+                }
+                let pulled = allot_oci::pull(&source, &self.oci)
+                    .await
+                    .map_err(|e| refuse(None, e.to_string()))?;
+                (reference.to_string(), pulled.component)
             }
         };
         let digest = format!("sha256:{}", allot_policy::sha256_hex(&bytes));
