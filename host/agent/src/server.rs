@@ -36,6 +36,8 @@ pub struct Shared {
     pub cluster: Option<crate::cluster::Cluster>,
     /// Probe defaults for the plugin, and how long quarantines last.
     pub underlay: crate::quarantine::Underlay,
+    /// `--probe-ahead`.
+    pub ahead: Option<Arc<crate::ahead::ProbeAhead>>,
 }
 
 pub(crate) type Reply = Response<Full<Bytes>>;
@@ -476,6 +478,7 @@ pub(crate) fn result(o: &AddOutcome) -> api::IpamResult {
             })
             .collect(),
         probe: None,
+        preprobed: None,
     }
 }
 
@@ -576,7 +579,11 @@ async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
         }
         // The plugin probes with these unless the network's config says otherwise.
         let probe = s.underlay.probe;
-        Ok(json(StatusCode::OK, &api::IpamResult { probe, ..result(&out) }))
+        let preprobed = s
+            .ahead
+            .as_ref()
+            .and_then(|a| a.served(&r, r.probe.or(probe), &out));
+        Ok(json(StatusCode::OK, &api::IpamResult { probe, preprobed, ..result(&out) }))
     })
     .await;
     shared
