@@ -35,8 +35,10 @@
 //! may probe the pools' next addresses from that link ahead of time (`--probe-ahead`). The
 //! agent's answer then lists, in `preprobed`, the addresses it found free and the gateways it
 //! found answering within its freshness bound; the plugin does not probe those again. What
-//! is not listed is probed here as above. Announcements are sent from the pod's interface
-//! either way (a few milliseconds: no wait for answers).
+//! is not listed is probed here as above. When nothing is left to probe, only the IPv6
+//! addresses are announced from the pod's interface (the bridge and macvlan plugins send a
+//! gratuitous ARP for IPv4 themselves once they have configured the address), which is then
+//! left up (they set it up next anyway), sparing the RCU grace period of setting it down.
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -293,14 +295,36 @@ fn probe_round(
         .collect();
     gateways.dedup();
     gateways.retain(|g| !gateways_up.contains(g));
-    if !settings.conflict && !(settings.gateway && !gateways.is_empty()) {
+    let gateways_left = settings.gateway && !gateways.is_empty();
+    if !(settings.conflict || gateways_left) {
         // Everything was probed ahead and nothing is to be announced: the pod's namespace is
         // not even entered.
         return Ok(Verdict::Clean {
             announce_failures: Vec::new(),
         });
     }
+    // Everything probed ahead: the interface is raised only to announce. Probing ahead applies
+    // only to Debian's bridge and macvlan, which set the interface up right after IPAM and
+    // send a gratuitous ARP for each IPv4 address themselves: only IPv6 addresses are left to
+    // announce (none: the namespace is not entered), and the interface is left up rather
+    // than set down for a moment at the price of an RCU grace period.
+    let only_announce = result.preprobed.is_some()
+        && gateways.is_empty()
+        && (!settings.conflict || addresses.iter().all(|a| free.contains(a)));
+    let announced: Vec<IpAddr> = addresses
+        .iter()
+        .copied()
+        .filter(|a| settings.conflict && (!only_announce || a.is_ipv6()))
+        .collect();
+    if only_announce && announced.is_empty() {
+        return Ok(Verdict::Clean {
+            announce_failures: Vec::new(),
+        });
+    }
     allot_probe::with_link(netns, ifname, cfg, |link| {
+        if only_announce {
+            link.leave_up();
+        }
         if settings.conflict {
             let mut conflicts = Vec::new();
             let unchecked: Vec<IpAddr> = addresses
@@ -337,11 +361,9 @@ fn probe_round(
         // Announce only what was checked: an unchecked address may be someone else's, and an
         // announcement would point their neighbours at this pod.
         let mut announce_failures = Vec::new();
-        if settings.conflict {
-            for &address in &addresses {
-                if let Err(e) = link.announce(address) {
-                    announce_failures.push(format!("{address}: {e}"));
-                }
+        for &address in &announced {
+            if let Err(e) = link.announce(address) {
+                announce_failures.push(format!("{address}: {e}"));
             }
         }
         Ok(Verdict::Clean { announce_failures })

@@ -67,19 +67,25 @@ fn main() {
         return;
     };
     let ahead = Agent::start_in(&lab.host, &pools(2), &[("--probe-ahead", "")]);
-    // The bridge with its gateway before the first ADD (the bridge plugin adds it only after
-    // IPAM has returned); the macvlan master's other end is a router holding its gateway.
-    bridge_with(&lab.host, &lab.bridge, &["10.97.0.1/16"]);
+    // Underlay topologies: the bridge has an uplink to a router holding the gateway (a bridge
+    // without any port up has no carrier, and nothing to probe); the macvlan master's other end
+    // is a router holding its gateway.
+    bridge_with(&lab.host, &lab.bridge, &[]);
+    let (_uplink_router, uplink, _) = foreign_host(&lab.host, &["10.97.0.1/16"]);
+    lab.host
+        .ip(&["link", "set", &uplink, "master", &lab.bridge]);
     let (_router, master, _) = foreign_host(&lab.host, &["10.98.0.1/16"]);
 
     let probe = json!({"conflict": true, "gateway": true});
     let bridge = |agent: &Agent, probe: Option<&Value>| {
-        let c = bridge_conf(
+        let mut c = bridge_conf(
             "1.0.0",
             "bench-br",
             &lab.bridge,
             allot_ipam(&agent.socket(), &["br"], &[]),
         );
+        // The router is the gateway, not the bridge.
+        c["isGateway"] = json!(false);
         probe.map_or(c.clone(), |p| with_probe(c, p.clone()))
     };
     let macvlan = |agent: &Agent, probe: Option<&Value>| {
@@ -132,7 +138,7 @@ fn main() {
     );
     println!(
         "{cycles} ADDs per config (+{WARMUP} warm-up), configs alternating ADD by ADD; IPv4 only, \
-         address free, gateway answering; probe {probe}"
+         address free, gateway a router behind the bridge's uplink / the macvlan master; probe {probe}"
     );
     println!();
 
