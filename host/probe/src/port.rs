@@ -2,9 +2,10 @@
 //! master itself never reaches the master's own macvlan children on this node (the kernel
 //! hands frames the master transmits to the wire only), so a pod's view of the segment (the
 //! wire, and in bridge mode its sibling macvlans) is had only from a sibling. The port is
-//! created down, with IPv6 disabled and ARP off, then set up: it holds no address and sends
+//! created down, without IPv6 address generation and with ARP off, then set up: it holds no address and sends
 //! nothing but the probes written to it (no router solicitations, no duplicate address
-//! detection of a link-local address, no ARP replies). Made with one rtnetlink request, through
+//! detection of a link-local address, no ARP replies). A link of its name left by a killed
+//! agent is replaced, if it is a macvlan of the same master. Made with one rtnetlink request, through
 //! libc like the packet sockets.
 
 use std::io;
@@ -16,6 +17,7 @@ use crate::error::ProbeError;
 /// rtnetlink, as `linux/rtnetlink.h` and `linux/if_link.h` number it.
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
+const RTM_GETLINK: u16 = 18;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
@@ -28,6 +30,9 @@ const IFLA_INFO_KIND: u16 = 1;
 const IFLA_INFO_DATA: u16 = 2;
 const IFLA_MACVLAN_MODE: u16 = 1;
 const MACVLAN_MODE_BRIDGE: u32 = 4;
+const IFLA_AF_SPEC: u16 = 26;
+const IFLA_INET6_ADDR_GEN_MODE: u16 = 8;
+const IN6_ADDR_GEN_MODE_NONE: u8 = 1;
 
 /// The name of the probe port on the master with interface index `master_index`
 /// (`allotp` and the index: at most 15 bytes, unique per master).
@@ -51,6 +56,22 @@ impl MacvlanPort {
         })?;
         let name = macvlan_port_name(master_index);
         if let Some(stale) = if_index(&name) {
+            // Left by an agent that was killed: replaced, but only if it is a macvlan of this
+            // master, never anything else.
+            let (kind, lower) = link_info(stale).map_err(err("inspecting a stale probe port"))?;
+            if kind.as_deref() != Some("macvlan") || lower != Some(master_index) {
+                return Err(ProbeError::io(
+                    "creating a macvlan probe port",
+                    master,
+                    io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!(
+                            "a link named {name} exists and is not a macvlan of {master}: \
+                             rename it"
+                        ),
+                    ),
+                ));
+            }
             request(RTM_DELLINK, 0, stale, 0, &[]).map_err(err("removing a stale probe port"))?;
         }
         let mut attrs = Vec::new();
@@ -71,12 +92,36 @@ impl MacvlanPort {
         request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, 0, noarp, &attrs)
             .map_err(err("creating a macvlan probe port"))?;
         let port = MacvlanPort { name };
-        // No IPv6 on the port: no link-local address, so no DAD or router solicitations.
-        // Without IPv6 in the kernel there is nothing to turn off.
-        let sysctl = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", port.name);
-        if std::path::Path::new(&sysctl).exists() {
-            std::fs::write(&sysctl, "1")
-                .map_err(|e| ProbeError::io("disabling IPv6 on the probe port", &port.name, e))?;
+        // No IPv6 address generation on the port: without a link-local address it sends no
+        // duplicate address detection and no router solicitation (asked through rtnetlink,
+        // which works where /proc/sys is read-only). Without IPv6 in the kernel there is
+        // nothing to turn off.
+        let index = if_index(&port.name).ok_or_else(|| ProbeError::NoSuchLink {
+            ifname: port.name.clone(),
+        })?;
+        let mut inet6 = Vec::new();
+        push_attr(
+            &mut inet6,
+            IFLA_INET6_ADDR_GEN_MODE,
+            &[IN6_ADDR_GEN_MODE_NONE],
+        );
+        let mut af = Vec::new();
+        push_attr(&mut af, libc::AF_INET6 as u16, &inet6);
+        let mut attrs = Vec::new();
+        push_attr(&mut attrs, IFLA_AF_SPEC, &af);
+        match request(RTM_NEWLINK, 0, index, noarp, &attrs) {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAFNOSUPPORT | libc::EOPNOTSUPP)
+                ) => {}
+            other => other.map_err(|e| {
+                ProbeError::io(
+                    "turning IPv6 addresses off on the probe port",
+                    &port.name,
+                    e,
+                )
+            })?,
         }
         set_up(&port.name)
             .map_err(|e| ProbeError::io("setting the probe port up", &port.name, e))?;
@@ -118,14 +163,64 @@ fn push_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
     buf.resize(buf.len() + (len.next_multiple_of(4) - len), 0);
 }
 
+/// The kind (`IFLA_INFO_KIND`) and lower link (`IFLA_LINK`) of interface `index`.
+fn link_info(index: u32) -> io::Result<(Option<String>, Option<u32>)> {
+    let reply = exchange(RTM_GETLINK, 0, index, 0, &[])?;
+    // nlmsghdr, ifinfomsg, then the attributes.
+    let attrs = reply.get(32..).unwrap_or_default();
+    let (mut kind, mut lower) = (None, None);
+    for (t, payload) in attributes(attrs) {
+        match t {
+            IFLA_LINK if payload.len() >= 4 => {
+                lower = Some(u32::from_ne_bytes([
+                    payload[0], payload[1], payload[2], payload[3],
+                ]));
+            }
+            IFLA_LINKINFO => {
+                for (t, payload) in attributes(payload) {
+                    if t == IFLA_INFO_KIND {
+                        let name = payload.split(|&b| b == 0).next().unwrap_or_default();
+                        kind = Some(String::from_utf8_lossy(name).into_owned());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((kind, lower))
+}
+
+/// The (type, payload) of each rtattr in `buf`.
+fn attributes(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if buf.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
+        let kind = u16::from_ne_bytes([buf[2], buf[3]]) & 0x3fff;
+        if len < 4 || len > buf.len() {
+            return None;
+        }
+        let payload = &buf[4..len];
+        buf = &buf[len.next_multiple_of(4).min(buf.len())..];
+        Some((kind, payload))
+    })
+}
+
 /// One rtnetlink link request (an `ifinfomsg` for interface `index` with `flags` set, then
 /// `attrs`), and its acknowledgement.
 fn request(kind: u16, extra: u16, index: u32, flags: u32, attrs: &[u8]) -> io::Result<()> {
+    exchange(kind, NLM_F_ACK | extra, index, flags, attrs).map(drop)
+}
+
+/// Sends one rtnetlink link message and returns the kernel's answer: the acknowledgement (or
+/// error) of a change, the link of a `RTM_GETLINK`.
+fn exchange(kind: u16, extra: u16, index: u32, flags: u32, attrs: &[u8]) -> io::Result<Vec<u8>> {
     let mut msg = Vec::with_capacity(32 + attrs.len());
     let len = 16 + 16 + attrs.len();
     msg.extend_from_slice(&(len as u32).to_ne_bytes());
     msg.extend_from_slice(&kind.to_ne_bytes());
-    msg.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK | extra).to_ne_bytes());
+    msg.extend_from_slice(&(NLM_F_REQUEST | extra).to_ne_bytes());
     msg.extend_from_slice(&1u32.to_ne_bytes()); // sequence
     msg.extend_from_slice(&0u32.to_ne_bytes()); // port: the kernel's
     // ifinfomsg: family, padding, type, index, flags, change mask.
@@ -176,13 +271,20 @@ fn request(kind: u16, extra: u16, index: u32, flags: u32, attrs: &[u8]) -> io::R
             return Err(e);
         }
         let reply = &buf[..n as usize];
-        if reply.len() >= 20 && u16::from_ne_bytes([reply[4], reply[5]]) == NLMSG_ERROR {
-            let code = i32::from_ne_bytes([reply[16], reply[17], reply[18], reply[19]]);
-            return if code == 0 {
-                Ok(())
-            } else {
-                Err(io::Error::from_raw_os_error(-code))
-            };
+        if reply.len() < 20 {
+            continue;
+        }
+        match u16::from_ne_bytes([reply[4], reply[5]]) {
+            NLMSG_ERROR => {
+                let code = i32::from_ne_bytes([reply[16], reply[17], reply[18], reply[19]]);
+                return if code == 0 {
+                    Ok(reply.to_vec())
+                } else {
+                    Err(io::Error::from_raw_os_error(-code))
+                };
+            }
+            RTM_NEWLINK if kind == RTM_GETLINK => return Ok(reply.to_vec()),
+            _ => {}
         }
     }
 }
