@@ -243,6 +243,7 @@ impl ProbeAhead {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+        tracing::debug!(waited_ms = now.elapsed().as_millis() as u64, link = %link.name, "an ADD waited for probes of its addresses in progress");
         let now = Instant::now();
         let mut listed = Preprobed {
             link: link.name.clone(),
@@ -343,6 +344,7 @@ impl Worker {
             };
             let started = Instant::now();
             let result = self.probe(&job);
+            tracing::debug!(link = %self.parent.name, target = %job.target, took_ms = started.elapsed().as_millis() as u64, ?result, "probed ahead");
             let frames = job.tries;
             match result {
                 Ok(found) => {

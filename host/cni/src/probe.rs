@@ -37,8 +37,8 @@
 //! found answering within its freshness bound; the plugin does not probe those again. What
 //! is not listed is probed here as above. When nothing is left to probe, only the IPv6
 //! addresses are announced from the pod's interface (the bridge and macvlan plugins send a
-//! gratuitous ARP for IPv4 themselves once they have configured the address), which is then
-//! left up (they set it up next anyway), sparing the RCU grace period of setting it down.
+//! gratuitous ARP for IPv4 themselves once they have configured the address), so an IPv4-only
+//! ADD does not enter the pod's namespace at all.
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -304,10 +304,11 @@ fn probe_round(
         });
     }
     // Everything probed ahead: the interface is raised only to announce. Probing ahead applies
-    // only to Debian's bridge and macvlan, which set the interface up right after IPAM and
-    // send a gratuitous ARP for each IPv4 address themselves: only IPv6 addresses are left to
-    // announce (none: the namespace is not entered), and the interface is left up rather
-    // than set down for a moment at the price of an RCU grace period.
+    // only to Debian's bridge and macvlan, which send a gratuitous ARP for each IPv4 address
+    // themselves once they have configured it: only IPv6 addresses are left to announce (none:
+    // the namespace is not entered). The interface is set down again afterwards, as always:
+    // left up, it made the bridge plugin wait about a second for IPv6 duplicate address
+    // detection of the address it adds next.
     let only_announce = result.preprobed.is_some()
         && gateways.is_empty()
         && (!settings.conflict || addresses.iter().all(|a| free.contains(a)));
@@ -322,9 +323,6 @@ fn probe_round(
         });
     }
     allot_probe::with_link(netns, ifname, cfg, |link| {
-        if only_announce {
-            link.leave_up();
-        }
         if settings.conflict {
             let mut conflicts = Vec::new();
             let unchecked: Vec<IpAddr> = addresses

@@ -64,9 +64,10 @@
 //! `Link`'s drop still sets the interface down. Right after a raise, the far end of a veth
 //! (the node's end, on the bridge) starts to transmit only once the kernel's link watcher has
 //! run, asynchronously, so the probe waits 2 ms before its first request (without that pause
-//! one first answer in six or so was lost, and found by the next try 100 ms later). A caller
-//! that only announces may keep the interface up ([`Link::leave_up`]): setting a link down
-//! waits for an RCU grace period (8 to 24 ms here).
+//! one first answer in six or so was lost, and found by the next try 100 ms later). Raising
+//! and restoring costs 8 to 24 ms here (setting a link down waits for an RCU grace period);
+//! leaving it up instead made the bridge plugin wait about a second for IPv6 duplicate
+//! address detection of the address it adds next.
 //!
 //! Links of the node's own namespace (a bridge, a macvlan probe port: [`with_host_link`], for
 //! probing ahead) are never raised or set down: down or without a carrier is an error.

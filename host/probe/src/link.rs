@@ -282,14 +282,6 @@ impl Link {
         }
     }
 
-    /// Leaves the interface up when this `Link` is done with it, even if it raised it: for a
-    /// caller that knows the main plugin sets it up right after IPAM returns (Debian's bridge
-    /// and macvlan do), setting it down only to have it set up again costs an RCU grace period
-    /// (8 to 24 ms here) for nothing.
-    pub fn leave_up(&mut self) {
-        self.raised = false;
-    }
-
     /// Sets the interface down again if this `Link` raised it; reports a failure.
     pub(crate) fn close(mut self) -> Result<(), ProbeError> {
         self.restore()

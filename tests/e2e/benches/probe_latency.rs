@@ -45,7 +45,7 @@ fn add(lab: &Lab, plugin: &str, netns: &Arc<Netns>, name: &str, conf: &Value) ->
 /// The pools of one agent: `third` picks its share of each subnet.
 fn pools(third: u8) -> String {
     format!(
-        "{}{}",
+        "{}{}{}",
         ippool(
             "br",
             "10.97.0.0/16",
@@ -57,6 +57,12 @@ fn pools(third: u8) -> String {
             "10.98.0.0/16",
             Some("10.98.0.1"),
             &[&format!("10.98.{third}.10-10.98.{third}.250")]
+        ),
+        ippool(
+            "br6",
+            "fd00:97::/64",
+            Some("fd00:97::1"),
+            &[&format!("fd00:97::{third}:10-fd00:97::{third}:250")]
         ),
     )
 }
@@ -71,23 +77,25 @@ fn main() {
     // without any port up has no carrier, and nothing to probe); the macvlan master's other end
     // is a router holding its gateway.
     bridge_with(&lab.host, &lab.bridge, &[]);
-    let (_uplink_router, uplink, _) = foreign_host(&lab.host, &["10.97.0.1/16"]);
+    let (_uplink_router, uplink, _) = foreign_host(&lab.host, &["10.97.0.1/16", "fd00:97::1/64"]);
     lab.host
         .ip(&["link", "set", &uplink, "master", &lab.bridge]);
     let (_router, master, _) = foreign_host(&lab.host, &["10.98.0.1/16"]);
 
     let probe = json!({"conflict": true, "gateway": true});
-    let bridge = |agent: &Agent, probe: Option<&Value>| {
+    let bridge_v6 = |agent: &Agent, v6: &[&str], probe: Option<&Value>| {
         let mut c = bridge_conf(
             "1.0.0",
             "bench-br",
             &lab.bridge,
-            allot_ipam(&agent.socket(), &["br"], &[]),
+            allot_ipam(&agent.socket(), &["br"], v6),
         );
         // The router is the gateway, not the bridge.
         c["isGateway"] = json!(false);
         probe.map_or(c.clone(), |p| with_probe(c, p.clone()))
     };
+    let bridge = |agent: &Agent, probe: Option<&Value>| bridge_v6(agent, &[], probe);
+    let dual = |agent: &Agent, probe: Option<&Value>| bridge_v6(agent, &["br6"], probe);
     let macvlan = |agent: &Agent, probe: Option<&Value>| {
         let c = macvlan_conf(
             "1.0.0",
@@ -120,6 +128,17 @@ fn main() {
             "macvlan",
             macvlan(&ahead, Some(&probe)),
         ),
+        ("bridge dual stack: off", "bridge", dual(&lab.agent, None)),
+        (
+            "bridge dual stack: in pod",
+            "bridge",
+            dual(&lab.agent, Some(&probe)),
+        ),
+        (
+            "bridge dual stack: ahead",
+            "bridge",
+            dual(&ahead, Some(&probe)),
+        ),
     ];
 
     let uname = std::process::Command::new("uname").arg("-r").output();
@@ -137,8 +156,8 @@ fn main() {
             .trim(),
     );
     println!(
-        "{cycles} ADDs per config (+{WARMUP} warm-up), configs alternating ADD by ADD; IPv4 only, \
-         address free, gateway a router behind the bridge's uplink / the macvlan master; probe {probe}"
+        "{cycles} ADDs per config (+{WARMUP} warm-up), configs alternating ADD by ADD; \
+         address free, gateway a router behind the bridge's uplink / the macvlan master; IPv4 only but for the dual stack rows; probe {probe}"
     );
     println!();
 
