@@ -70,6 +70,9 @@ use crate::metrics::Metrics;
 /// longer probed from it.
 pub const IDLE: Duration = Duration::from_secs(3600);
 
+/// How long the agent's shutdown waits for probes in progress.
+const STOP_WAIT: Duration = Duration::from_secs(3);
+
 /// How long a worker waits after a probe that could not run (link down, no carrier) before it
 /// tries again.
 const RETRY: Duration = Duration::from_secs(2);
@@ -312,14 +315,22 @@ impl ProbeAhead {
         parent
     }
 
-    /// Stops the workers (each finishes its probe) and removes the probe ports they made.
+    /// Stops the workers and removes the probe ports they made. A worker finishes the probe
+    /// it is running first; one still probing after [`STOP_WAIT`] (a network asking for very
+    /// long probes) is left to the process's exit, and its port to the next start, which
+    /// replaces it.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         for p in lock(&self.parents).values() {
             let _guard = lock(&p.state);
             p.changed.notify_all();
         }
-        for w in lock(&self.workers).drain(..) {
+        let deadline = Instant::now() + STOP_WAIT;
+        let mut workers = lock(&self.workers);
+        while workers.iter().any(|w| !w.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for w in workers.drain(..).filter(|w| w.is_finished()) {
             let _ = w.join();
         }
     }
@@ -358,6 +369,11 @@ impl Worker {
                         last_error = text;
                     }
                     self.metrics.error("probe-ahead");
+                    if matches!(e, ProbeError::NoSuchLink { .. }) {
+                        // The master (and with it the probe port) went away: make the port
+                        // again once it is back.
+                        self.port = None;
+                    }
                     lock(&self.parent.state).probing = None;
                     self.parent.changed.notify_all();
                     self.pause(RETRY);
@@ -456,7 +472,23 @@ impl Worker {
     /// be).
     fn link(&mut self) -> Result<String, ProbeError> {
         match self.parent.kind {
-            ParentKind::Bridge => Ok(self.parent.name.clone()),
+            ParentKind::Bridge => {
+                // What the plugin named a bridge must be one: never probe from another link.
+                match allot_probe::link_kind(&self.parent.name) {
+                    None => Err(ProbeError::NoSuchLink {
+                        ifname: self.parent.name.clone(),
+                    }),
+                    Some(Some(kind)) if kind == "bridge" => Ok(self.parent.name.clone()),
+                    Some(kind) => Err(ProbeError::Io {
+                        op: "probing ahead",
+                        ifname: self.parent.name.clone(),
+                        source: std::io::Error::other(format!(
+                            "the network's bridge is a {} link, not a bridge",
+                            kind.as_deref().unwrap_or("physical")
+                        )),
+                    }),
+                }
+            }
             ParentKind::Macvlan => {
                 if self.port.is_none() {
                     let port = MacvlanPort::create(&self.parent.name)?;

@@ -100,7 +100,7 @@ pub use frame::MacAddr;
 pub use host::{LocalAddress, local_addresses};
 pub use link::Link;
 pub use netns::{PROBE_THREAD_NAME, in_netns};
-pub use port::{MacvlanPort, macvlan_port_name};
+pub use port::{MacvlanPort, link_kind, macvlan_port_name};
 
 /// How long a probe listens, and how often it asks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

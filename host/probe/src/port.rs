@@ -163,6 +163,13 @@ fn push_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
     buf.resize(buf.len() + (len.next_multiple_of(4) - len), 0);
 }
 
+/// The kind of link `name` is (`bridge`, `macvlan`, `veth`, …; `None` for a physical one),
+/// or `None` when there is no such link, as rtnetlink reports it.
+pub fn link_kind(name: &str) -> Option<Option<String>> {
+    let index = if_index(name)?;
+    link_info(index).ok().map(|(kind, _)| kind)
+}
+
 /// The kind (`IFLA_INFO_KIND`) and lower link (`IFLA_LINK`) of interface `index`.
 fn link_info(index: u32) -> io::Result<(Option<String>, Option<u32>)> {
     let reply = exchange(RTM_GETLINK, 0, index, 0, &[])?;

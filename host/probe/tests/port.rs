@@ -9,7 +9,8 @@ use std::thread;
 use std::time::Duration;
 
 use allot_probe::{
-    MacAddr, MacvlanPort, ProbeConfig, ProbeError, ProbeOutcome, in_netns, with_host_link,
+    MacAddr, MacvlanPort, ProbeConfig, ProbeError, ProbeOutcome, in_netns, link_kind,
+    with_host_link,
 };
 use common::*;
 
@@ -159,6 +160,24 @@ fn a_stale_port_is_replaced_and_another_link_of_its_name_refused() {
     lab.node.ip(&[
         "link", "add", &name, "type", "veth", "peer", "name", "other0",
     ]);
+    let kinds = in_netns(lab.node.path(), || {
+        Ok([
+            link_kind("par0"),
+            link_kind(&name),
+            link_kind("lo"),
+            link_kind("nonexistent0"),
+        ])
+    })
+    .unwrap();
+    assert_eq!(
+        kinds,
+        [
+            Some(Some("veth".to_string())),
+            Some(Some("veth".to_string())),
+            Some(None),
+            None
+        ]
+    );
     let e = in_netns(lab.node.path(), || MacvlanPort::create("par0").map(drop)).unwrap_err();
     assert!(matches!(e, ProbeError::Io { .. }), "{e}");
     assert!(e.to_string().contains("is not a macvlan of par0"), "{e}");
