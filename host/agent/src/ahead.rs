@@ -232,9 +232,14 @@ impl ProbeAhead {
                 .iter()
                 .any(|a| a.address == *t || a.gateway == Some(*t))
         };
-        let give_up = now
-            + Duration::from_millis(settings.tries as u64 * settings.timeout_ms)
-            + Duration::from_secs(1);
+        // A probe runs with the largest tries and timeout of the networks on the link.
+        let longest = state
+            .pools
+            .values()
+            .map(|u| u64::from(u.tries) * u.timeout_ms)
+            .max()
+            .unwrap_or(0);
+        let give_up = now + Duration::from_millis(longest) + Duration::from_secs(1);
         while state.probing.as_ref().is_some_and(ours) {
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() {
