@@ -283,6 +283,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         base: base_policy,
         oci,
     });
+    let ahead = underlay.ahead.map(|cfg| {
+        Arc::new(crate::ahead::ProbeAhead::new(
+            cfg,
+            engine.clone(),
+            metrics.clone(),
+        ))
+    });
+    let stop_ahead = ahead.clone();
     let shared = Arc::new(Shared {
         engine,
         metrics,
@@ -292,9 +300,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cluster,
         underlay,
         decisions,
+        ahead,
     });
 
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         if let Some(c) = &shared.cluster {
             cluster::watch(&c.index, &c.client);
         }
@@ -320,7 +329,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ticker.abort();
         expiry.abort();
         served
-    })
+    });
+    // The workers finish their probes, and macvlan probe ports are removed.
+    if let Some(ahead) = stop_ahead {
+        ahead.stop();
+    }
+    served
 }
 
 /// Applies other nodes' claims and releases as soon as the store's watch reports them, rather

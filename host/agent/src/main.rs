@@ -1,6 +1,7 @@
 //! allot-agent: the node agent. Standalone mode reads pools from YAML files and serves the
 //! allot CNI plugin over a unix socket.
 
+mod ahead;
 mod args;
 mod cluster;
 mod inventory;

@@ -40,6 +40,12 @@ pub struct Metrics {
     pub conflicts: Counter,
     /// Quarantined addresses, as of the last quarantine or expiry pass.
     pub quarantined: Gauge,
+    /// `--probe-ahead`: addresses handed out probed ahead (the plugin does not probe them),
+    /// addresses of probing ADDs on a probed-ahead link handed out without a fresh verdict,
+    /// and probes run from parent links.
+    pub probe_ahead_hits: Counter,
+    pub probe_ahead_misses: Counter,
+    pub probe_ahead_probes: Counter,
     lost_races: Counter,
     /// Serialises scrapes (counters are advanced to the engine's totals while encoding).
     encoding: std::sync::Mutex<()>,
@@ -67,6 +73,24 @@ impl Metrics {
             "quarantined_addresses",
             "Addresses held by a quarantine (a conflict seen on the link) until --quarantine-seconds have passed",
             quarantined.clone(),
+        );
+        let probe_ahead_hits = Counter::default();
+        let probe_ahead_misses = Counter::default();
+        let probe_ahead_probes = Counter::default();
+        registry.register(
+            "probe_ahead_hits",
+            "Addresses handed out with a fresh verdict probed ahead from the parent link: the plugin did not probe them in the pod's namespace",
+            probe_ahead_hits.clone(),
+        );
+        registry.register(
+            "probe_ahead_misses",
+            "Addresses of probing ADDs on a link probed ahead that had no fresh verdict: the plugin probed them in the pod's namespace",
+            probe_ahead_misses.clone(),
+        );
+        registry.register(
+            "probe_ahead_probes",
+            "Probes (each of up to the network's tries) the agent completed from parent links ahead of ADDs",
+            probe_ahead_probes.clone(),
         );
         registry.register(
             "lost_races",
@@ -110,6 +134,9 @@ impl Metrics {
             degraded,
             conflicts,
             quarantined,
+            probe_ahead_hits,
+            probe_ahead_misses,
+            probe_ahead_probes,
             lost_races,
             encoding: Default::default(),
         }

@@ -53,6 +53,22 @@ pub struct UnderlayArgs {
     /// released (and, after its cool-down, handed out again, probed first).
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_QUARANTINE_SECONDS)]
     quarantine_seconds: u64,
+    /// Probe the next addresses of each pool (and its gateway) ahead of time from the node-side
+    /// parent link of the networks that probe (a bridge; a macvlan master, through a macvlan
+    /// sibling the agent creates), so that an ADD handed one of them skips the wait in the
+    /// pod's namespace. Sends frames on those links on its own: off unless given.
+    #[arg(long)]
+    probe_ahead: bool,
+    /// Addresses per pool and link kept probed ahead (with --probe-ahead).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    probe_ahead_candidates: usize,
+    /// How long a verdict found ahead may be used; candidates are probed again after half of
+    /// it (with --probe-ahead).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    probe_ahead_fresh_seconds: u64,
+    /// Probe requests one link may send per second when probing ahead, at most.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    probe_ahead_rate: u32,
 }
 
 /// What [`UnderlayArgs`] decided, checked.
@@ -62,6 +78,8 @@ pub struct Underlay {
     /// probe nothing.
     pub probe: Option<ProbeSettings>,
     pub quarantine_seconds: u64,
+    /// `--probe-ahead` and its settings; `None` when off.
+    pub ahead: Option<crate::ahead::AheadConfig>,
 }
 
 impl UnderlayArgs {
@@ -86,9 +104,32 @@ impl UnderlayArgs {
                  at least 1 (default {DEFAULT_QUARANTINE_SECONDS})"
             );
         }
+        if !(1..=64).contains(&self.probe_ahead_candidates) {
+            bail!(
+                "--probe-ahead-candidates {}: use 1 to 64",
+                self.probe_ahead_candidates
+            );
+        }
+        if !(1..=3600).contains(&self.probe_ahead_fresh_seconds) {
+            bail!(
+                "--probe-ahead-fresh-seconds {}: use 1 to 3600",
+                self.probe_ahead_fresh_seconds
+            );
+        }
+        if !(1..=1000).contains(&self.probe_ahead_rate) {
+            bail!(
+                "--probe-ahead-rate {}: use 1 to 1000",
+                self.probe_ahead_rate
+            );
+        }
         Ok(Underlay {
             probe: settings.enabled().then_some(settings),
             quarantine_seconds: self.quarantine_seconds,
+            ahead: self.probe_ahead.then_some(crate::ahead::AheadConfig {
+                candidates: self.probe_ahead_candidates,
+                fresh: Duration::from_secs(self.probe_ahead_fresh_seconds),
+                rate: self.probe_ahead_rate,
+            }),
         })
     }
 }
@@ -132,6 +173,11 @@ pub async fn handle(shared: Arc<Shared>, r: api::QuarantineRequest) -> Reply {
         }
         match outcome {
             Some(out) => {
+                let settings = r.add.probe.or(s.underlay.probe);
+                let preprobed = s
+                    .ahead
+                    .as_ref()
+                    .and_then(|a| a.served(&r.add, settings, &out));
                 s.metrics.allocations.inc_by(out.claimed.len() as u64);
                 for a in out.allocations.iter().filter(|a| out.claimed.contains(&a.address)) {
                     tracing::info!(address = %a.cidr(), pool = %a.pool, container = %request.attachment, "allocated in place of a quarantined address");
@@ -142,7 +188,13 @@ pub async fn handle(shared: Arc<Shared>, r: api::QuarantineRequest) -> Reply {
                         .endpoints
                         .added(pod, &request.attachment.interface, &out);
                 }
-                Ok(json(StatusCode::OK, &result(&out)))
+                Ok(json(
+                    StatusCode::OK,
+                    &api::IpamResult {
+                        preprobed,
+                        ..result(&out)
+                    },
+                ))
             }
             None => Ok(json(StatusCode::OK, &serde_json::json!({}))),
         }
@@ -231,7 +283,8 @@ mod tests {
             parse(&[]).unwrap(),
             Underlay {
                 probe: None,
-                quarantine_seconds: DEFAULT_QUARANTINE_SECONDS
+                quarantine_seconds: DEFAULT_QUARANTINE_SECONDS,
+                ahead: None,
             }
         );
         // Tries and timeout alone turn nothing on.
@@ -260,6 +313,16 @@ mod tests {
             })
         );
         assert_eq!(u.quarantine_seconds, 60);
+        assert_eq!(u.ahead, None, "probing ahead is a flag of its own");
+        let u = parse(&["--probe-ahead", "--probe-ahead-fresh-seconds", "4"]).unwrap();
+        assert_eq!(
+            u.ahead,
+            Some(crate::ahead::AheadConfig {
+                candidates: 2,
+                fresh: Duration::from_secs(4),
+                rate: 20
+            })
+        );
     }
 
     #[test]
@@ -271,6 +334,9 @@ mod tests {
             ),
             (&["--probe-timeout-ms", "0"][..], "use 1 ms to 10 s"),
             (&["--quarantine-seconds", "0"][..], "at least 1"),
+            (&["--probe-ahead-candidates", "0"][..], "use 1 to 64"),
+            (&["--probe-ahead-fresh-seconds", "0"][..], "use 1 to 3600"),
+            (&["--probe-ahead-rate", "0"][..], "use 1 to 1000"),
         ] {
             let e = parse(args).unwrap_err().to_string();
             assert!(e.contains(says), "{args:?}: {e}");

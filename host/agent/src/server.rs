@@ -38,6 +38,8 @@ pub struct Shared {
     pub underlay: crate::quarantine::Underlay,
     /// The ring of recent policy decisions (`--record-decisions`), served on `GET /v1/decisions`.
     pub decisions: Option<Arc<allot_policy::DecisionLog>>,
+    /// `--probe-ahead`.
+    pub ahead: Option<Arc<crate::ahead::ProbeAhead>>,
 }
 
 pub(crate) type Reply = Response<Full<Bytes>>;
@@ -482,6 +484,7 @@ pub(crate) fn result(o: &AddOutcome) -> api::IpamResult {
             })
             .collect(),
         probe: None,
+        preprobed: None,
     }
 }
 
@@ -582,7 +585,11 @@ async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
         }
         // The plugin probes with these unless the network's config says otherwise.
         let probe = s.underlay.probe;
-        Ok(json(StatusCode::OK, &api::IpamResult { probe, ..result(&out) }))
+        let preprobed = s
+            .ahead
+            .as_ref()
+            .and_then(|a| a.served(&r, r.probe.or(probe), &out));
+        Ok(json(StatusCode::OK, &api::IpamResult { probe, preprobed, ..result(&out) }))
     })
     .await;
     shared

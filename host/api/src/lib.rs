@@ -80,6 +80,47 @@ pub struct AddRequest {
     #[serde(default)]
     pub multus_name: String,
     pub pod: PodIdentity,
+    /// The network config's ipam `probe` section, when it has one (the agent's `--probe-*`
+    /// defaults apply otherwise): the agent needs to know what the plugin will probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeSettings>,
+    /// The link on the node the pod's interface hangs from, when the main plugin has one the
+    /// agent can probe from (a bridge; a macvlan's master in bridge mode): what probing ahead
+    /// needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
+}
+
+/// How the pod's interface is attached to the node's network, from the main plugin's config.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentLink {
+    pub kind: ParentKind,
+    /// The bridge's name, or the macvlan master's.
+    pub name: String,
+    /// The network namespace the plugin runs in, which is the main plugin's and so the
+    /// parent link's: `DEVICE:INODE` of `/proc/self/ns/net`. The agent probes only links in its
+    /// own namespace.
+    pub netns: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ParentKind {
+    /// Debian's `bridge` plugin without VLANs: the pod's veth is a port of the bridge, which
+    /// sees every other port and the uplink.
+    Bridge,
+    /// Debian's `macvlan` plugin in `bridge` mode: the pod's macvlan hangs from the master.
+    Macvlan,
+}
+
+impl ParentKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParentKind::Bridge => "bridge",
+            ParentKind::Macvlan => "macvlan",
+        }
+    }
 }
 
 /// An IPAM result in the CNI 1.1.0 shape (the plugin converts it for older callers).
@@ -93,6 +134,29 @@ pub struct IpamResult {
     /// `probe` section; absent while the agent's defaults probe nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<ProbeSettings>,
+    /// ADD only: what the agent probed ahead of time from the parent link and found free (or,
+    /// for gateways, answering) recently enough that the plugin need not probe it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preprobed: Option<Preprobed>,
+}
+
+/// Addresses and gateways of an ADD's result the agent probed from the pod's parent link
+/// within its freshness bound (`--probe-ahead-fresh-seconds`), with at least the tries and
+/// timeout the network asks for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Preprobed {
+    /// The link probed from (`bridge`/`master` name).
+    pub link: String,
+    /// Addresses (without prefix length) nobody answered for.
+    #[serde(default)]
+    pub free: Vec<String>,
+    /// Gateways that answered.
+    #[serde(default)]
+    pub gateways: Vec<String>,
+    /// The age of the oldest of those verdicts, in milliseconds.
+    #[serde(default)]
+    pub oldest_ms: u64,
 }
 
 /// ARP/NDP probing of an ADD's addresses, as the network config's ipam `probe` section

@@ -252,6 +252,8 @@ fn add(
         // agent derives it from the pod in cluster mode.
         multus_name: String::new(),
         pod,
+        probe: ipam.probe,
+        parent: probe::parent_link(conf),
     };
     let client = client(Command::Add, &ipam);
     let body = client

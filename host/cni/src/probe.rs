@@ -27,12 +27,27 @@
 //! Advertisement). Every failure (conflicts left, gateway silent, probe impossible) releases
 //! what the ADD allocated (through DEL, so it is journaled if the agent is gone) before the
 //! error is returned: a failed ADD leaks nothing but the quarantined addresses, which expire.
+//!
+//! # Probed ahead
+//!
+//! Where the main plugin hangs the pod's interface from a link in the node's namespace (a
+//! bridge, a macvlan master in bridge mode: [`parent_link`]), the plugin tells the agent, which
+//! may probe the pools' next addresses from that link ahead of time (`--probe-ahead`). The
+//! agent's answer then lists, in `preprobed`, the addresses it found free and the gateways it
+//! found answering within its freshness bound; the plugin does not probe those again. What
+//! is not listed is probed here as above. When nothing is left to probe, only the IPv6
+//! addresses are announced from the pod's interface (the bridge and macvlan plugins send a
+//! gratuitous ARP for IPv4 themselves once they have configured the address), so an IPv4-only
+//! ADD does not enter the pod's namespace at all.
 
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::Path;
 
-use allot_api::{AddRequest, Conflict, IpamResult, ProbeSettings, QuarantineRequest, codes};
+use allot_api::{
+    AddRequest, Conflict, IpamResult, ParentKind, ParentLink, Preprobed, ProbeSettings,
+    QuarantineRequest, codes,
+};
 use allot_probe::{GatewayOutcome, ProbeOutcome};
 
 use crate::error::CniError;
@@ -78,7 +93,32 @@ pub fn settle(
     // first address conflicted) are not probed again.
     let mut free: Vec<IpAddr> = Vec::new();
     for round in 0..=ROUNDS {
-        let verdict = match probe_round(netns, ifname, cfg, settings, &result, &mut free) {
+        let (checked, gateways_up) = preprobed(result.preprobed.as_ref());
+        if !checked.is_empty() || !gateways_up.is_empty() {
+            let p = result.preprobed.as_ref().expect("listed");
+            let what: Vec<String> = checked
+                .iter()
+                .map(|a| a.to_string())
+                .chain(gateways_up.iter().map(|g| format!("gateway {g}")))
+                .collect();
+            let _ = writeln!(
+                log,
+                "allot: ADD {who}: {} probed ahead from {} (at most {} ms ago): not probed again",
+                what.join(", "),
+                p.link,
+                p.oldest_ms
+            );
+        }
+        free.extend(checked);
+        let verdict = match probe_round(
+            netns,
+            ifname,
+            cfg,
+            settings,
+            &result,
+            &mut free,
+            &gateways_up,
+        ) {
             Ok(v) => v,
             Err(e) => {
                 agent.release();
@@ -175,6 +215,63 @@ fn address_of(cidr: &str) -> Option<IpAddr> {
     cidr.split('/').next()?.parse().ok()
 }
 
+/// What the agent says it probed ahead: free addresses, answering gateways.
+fn preprobed(p: Option<&Preprobed>) -> (Vec<IpAddr>, Vec<IpAddr>) {
+    let parse = |v: &[String]| v.iter().filter_map(|a| a.parse().ok()).collect();
+    match p {
+        Some(p) => (parse(&p.free), parse(&p.gateways)),
+        None => (Vec::new(), Vec::new()),
+    }
+}
+
+/// The link in the node's namespace the main plugin hangs the pod's interface from, when the
+/// agent can probe the pod's segment from it: Debian's `bridge` without VLANs (the bridge, whose
+/// ports all hear it), and `macvlan` in bridge mode with a named master in the node's
+/// namespace (probed from a sibling macvlan of the agent's). Nothing for other plugins: an
+/// ipvlan, an SR-IOV VF or a host-device has no node-side port that sees what the pod sees, a
+/// VLAN-tagged bridge port is on another segment than the bridge itself, a macvlan in private
+/// or VEPA mode does not talk to its siblings, and a master inside the pod's namespace
+/// (`linkInContainer`) is not the node's.
+pub fn parent_link(conf: &crate::config::Conf) -> Option<ParentLink> {
+    use serde_json::Value;
+    let text = |key: &str| conf.get(key).and_then(Value::as_str);
+    let (kind, name) = match text("type")? {
+        "bridge" => {
+            let vlan = conf.get("vlan").and_then(Value::as_u64).unwrap_or(0) != 0;
+            let trunk = conf.get("vlanTrunk").is_some_and(|v| !v.is_null());
+            if vlan || trunk {
+                return None;
+            }
+            // The bridge plugin's default bridge.
+            (ParentKind::Bridge, text("bridge").unwrap_or("cni0"))
+        }
+        "macvlan" => {
+            let in_container = conf.get("linkInContainer").and_then(Value::as_bool) == Some(true);
+            if in_container || text("mode").is_some_and(|m| m != "bridge") {
+                return None;
+            }
+            // Without a master the plugin takes the default route's interface: not guessed.
+            (ParentKind::Macvlan, text("master")?)
+        }
+        _ => return None,
+    };
+    if name.is_empty() {
+        return None;
+    }
+    Some(ParentLink {
+        kind,
+        name: name.to_string(),
+        netns: own_netns()?,
+    })
+}
+
+/// `DEVICE:INODE` of this process's network namespace.
+fn own_netns() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata("/proc/self/ns/net").ok()?;
+    Some(format!("{}:{}", meta.dev(), meta.ino()))
+}
+
 /// One entry into the namespace: conflicts first, gateways only when every address is free
 /// (never in parallel, so that no probe races another on the link), then the announcements.
 fn probe_round(
@@ -184,6 +281,7 @@ fn probe_round(
     settings: ProbeSettings,
     result: &IpamResult,
     free: &mut Vec<IpAddr>,
+    gateways_up: &[IpAddr],
 ) -> Result<Verdict, allot_probe::ProbeError> {
     let addresses: Vec<IpAddr> = result
         .ips
@@ -196,6 +294,34 @@ fn probe_round(
         .filter_map(|ip| ip.gateway.as_deref()?.parse().ok())
         .collect();
     gateways.dedup();
+    gateways.retain(|g| !gateways_up.contains(g));
+    let gateways_left = settings.gateway && !gateways.is_empty();
+    if !(settings.conflict || gateways_left) {
+        // Everything was probed ahead and nothing is to be announced: the pod's namespace is
+        // not even entered.
+        return Ok(Verdict::Clean {
+            announce_failures: Vec::new(),
+        });
+    }
+    // Everything probed ahead: the interface is raised only to announce. Probing ahead applies
+    // only to Debian's bridge and macvlan, which send a gratuitous ARP for each IPv4 address
+    // themselves once they have configured it: only IPv6 addresses are left to announce (none:
+    // the namespace is not entered). The interface is set down again afterwards, as always:
+    // left up, it made the bridge plugin wait about a second for IPv6 duplicate address
+    // detection of the address it adds next.
+    let only_announce = result.preprobed.is_some()
+        && gateways.is_empty()
+        && (!settings.conflict || addresses.iter().all(|a| free.contains(a)));
+    let announced: Vec<IpAddr> = addresses
+        .iter()
+        .copied()
+        .filter(|a| settings.conflict && (!only_announce || a.is_ipv6()))
+        .collect();
+    if only_announce && announced.is_empty() {
+        return Ok(Verdict::Clean {
+            announce_failures: Vec::new(),
+        });
+    }
     allot_probe::with_link(netns, ifname, cfg, |link| {
         if settings.conflict {
             let mut conflicts = Vec::new();
@@ -233,11 +359,9 @@ fn probe_round(
         // Announce only what was checked: an unchecked address may be someone else's, and an
         // announcement would point their neighbours at this pod.
         let mut announce_failures = Vec::new();
-        if settings.conflict {
-            for &address in &addresses {
-                if let Err(e) = link.announce(address) {
-                    announce_failures.push(format!("{address}: {e}"));
-                }
+        for &address in &announced {
+            if let Err(e) = link.announce(address) {
+                announce_failures.push(format!("{address}: {e}"));
             }
         }
         Ok(Verdict::Clean { announce_failures })
@@ -282,6 +406,7 @@ mod tests {
             }],
             routes: vec![],
             probe: None,
+            preprobed: None,
         };
         let settings = ProbeSettings {
             conflict: true,

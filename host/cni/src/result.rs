@@ -217,6 +217,7 @@ mod tests {
                 gw: Some("10.0.0.1".into()),
             }],
             probe: None,
+            preprobed: None,
         }
     }
 

@@ -10,7 +10,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use allot_api::{
-    AddRequest, AttachmentId, GcRequest, IpConfig, IpamResult, PodIdentity, RouteConfig,
+    AddRequest, AttachmentId, GcRequest, IpConfig, IpamResult, ParentKind, ParentLink, PodIdentity,
+    Preprobed, ProbeSettings, RouteConfig,
 };
 use serde_json::{Value, json};
 
@@ -314,7 +315,15 @@ fn dual_stack_result() -> IpamResult {
             gw: Some("10.6.0.254".into()),
         }],
         probe: None,
+        preprobed: None,
     }
+}
+
+/// `DEVICE:INODE` of the test's network namespace (the plugin's, since it runs as a child).
+fn own_netns() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata("/proc/self/ns/net").unwrap();
+    format!("{}:{}", meta.dev(), meta.ino())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -377,9 +386,104 @@ fn add_prints_the_result_in_each_version() {
                     owner_kind: Some("StatefulSet".into()),
                     owner_name: Some("db".into()),
                 },
+                probe: None,
+                // A macvlan in bridge mode on a named master: the agent may probe ahead.
+                parent: Some(ParentLink {
+                    kind: ParentKind::Macvlan,
+                    name: "eth1".into(),
+                    netns: own_netns(),
+                }),
             }
         );
     }
+}
+
+/// The parent link is named only where the agent can probe the pod's segment from it.
+#[test]
+fn add_names_the_parent_link_only_for_a_bridge_or_a_bridge_mode_macvlan() {
+    let parent = |main: Value| {
+        let agent = FakeAgent::ok(serde_json::to_value(dual_stack_result()).unwrap());
+        let mut c: Value = serde_json::from_str(&conf("1.0.0", &agent.socket)).unwrap();
+        for k in ["type", "master", "mode"] {
+            c.as_object_mut().unwrap().remove(k);
+        }
+        for (k, v) in main.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        let run = run_env(&add_env("/var/run/netns/pod"), &c.to_string());
+        assert_eq!(run.exit, 0, "{main}: {}", run.stderr);
+        let req: AddRequest = serde_json::from_slice(&agent.seen().body).unwrap();
+        req.parent.map(|p| (p.kind, p.name))
+    };
+    let bridge = |name: &str| Some((ParentKind::Bridge, name.to_string()));
+    assert_eq!(
+        parent(json!({"type": "bridge", "bridge": "br9"})),
+        bridge("br9")
+    );
+    assert_eq!(parent(json!({"type": "bridge"})), bridge("cni0"));
+    assert_eq!(
+        parent(json!({"type": "bridge", "bridge": "br9", "vlan": 0})),
+        bridge("br9")
+    );
+    assert_eq!(
+        parent(json!({"type": "bridge", "bridge": "br9", "vlan": 7})),
+        None
+    );
+    assert_eq!(
+        parent(json!({"type": "bridge", "vlanTrunk": [{"id": 5}]})),
+        None
+    );
+    assert_eq!(
+        parent(json!({"type": "macvlan", "master": "eth2"})),
+        Some((ParentKind::Macvlan, "eth2".into()))
+    );
+    for other in [
+        json!({"type": "macvlan"}),
+        json!({"type": "macvlan", "master": "eth2", "mode": "vepa"}),
+        json!({"type": "macvlan", "master": "eth2", "linkInContainer": true}),
+        json!({"type": "ipvlan", "master": "eth2"}),
+        json!({"type": "host-device", "device": "eth2"}),
+    ] {
+        assert_eq!(parent(other.clone()), None, "{other}");
+    }
+}
+
+/// Gateways the agent probed ahead are not probed again; with nothing else to probe or
+/// announce, the plugin never enters the pod's namespace (here one that does not exist, which
+/// would fail the ADD with code 107).
+#[test]
+fn add_trusts_the_agents_preprobed_gateways() {
+    let mut answer = dual_stack_result();
+    answer.probe = Some(ProbeSettings {
+        gateway: true,
+        ..ProbeSettings::default()
+    });
+    answer.preprobed = Some(Preprobed {
+        link: "eth1".into(),
+        free: vec![],
+        gateways: vec!["10.6.0.1".into(), "fd00:6::1".into()],
+        oldest_ms: 1200,
+    });
+    let agent = FakeAgent::ok(serde_json::to_value(&answer).unwrap());
+    let run = run_env(
+        &add_env("/nonexistent/netns"),
+        &conf("1.0.0", &agent.socket),
+    );
+    assert_eq!(run.exit, 0, "{} {}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .contains("gateway 10.6.0.1, gateway fd00:6::1 probed ahead from eth1"),
+        "{}",
+        run.stderr
+    );
+    // One gateway left to probe: the namespace is entered, and its absence fails the ADD.
+    answer.preprobed.as_mut().unwrap().gateways.pop();
+    let agent = FakeAgent::ok(serde_json::to_value(&answer).unwrap());
+    let run = run_env(
+        &add_env("/nonexistent/netns"),
+        &conf("1.0.0", &agent.socket),
+    );
+    assert_eq!(run.json()["code"], 107, "{}", run.stdout);
 }
 
 #[test]

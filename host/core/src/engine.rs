@@ -18,6 +18,7 @@
 //! * GC releases claims of a network that no valid attachment holds, once seen leaked twice past
 //!   a grace period ([`crate::gc`]); kept StatefulSet addresses expire after a keep time.
 
+mod ahead;
 mod inventory;
 mod release;
 mod state;

@@ -130,6 +130,20 @@ impl FreeIndex {
         Some(u128_to_addr(self.family, n))
     }
 
+    /// The next `n` addresses [`FreeIndex::take_next`] would hand out, in order, if nothing
+    /// changed in between: the first free ones at or after the cursor, wrapping around. Takes
+    /// nothing.
+    pub fn upcoming(&self, n: usize) -> Vec<IpAddr> {
+        let found = match &self.repr {
+            Repr::Bitmap(b) => b.upcoming(n),
+            Repr::Ranges(r) => r.upcoming(n),
+        };
+        found
+            .into_iter()
+            .map(|a| u128_to_addr(self.family, a))
+            .collect()
+    }
+
     /// Takes the first free address at or after the cursor, wrapping around, and moves the
     /// cursor past it.
     pub fn take_next(&mut self) -> Option<IpAddr> {
@@ -252,6 +266,23 @@ impl Bitmap {
         None
     }
 
+    fn upcoming(&self, n: usize) -> Vec<u128> {
+        let mut out = Vec::with_capacity(n.min(64));
+        let cursor = self.cursor.min(self.len);
+        let mut from = cursor;
+        // From the cursor to the end, then from the start up to the cursor.
+        for end in [self.len, cursor] {
+            while out.len() < n
+                && let Some(o) = self.next_free(from).filter(|&o| o < end)
+            {
+                out.push(self.base + o as u128);
+                from = o + 1;
+            }
+            from = 0;
+        }
+        out
+    }
+
     fn take_next(&mut self) -> Option<u128> {
         if self.free == 0 {
             return None;
@@ -342,6 +373,43 @@ impl RangeIndex {
         true
     }
 
+    fn upcoming(&self, n: usize) -> Vec<u128> {
+        let mut out = Vec::with_capacity(n.min(64));
+        // The free range holding the cursor (from the cursor on), the ranges after it, then
+        // the ranges before it (wrapping around), and the part of the cursor's range before it.
+        let first = self
+            .range_of(self.cursor)
+            .map(|(lo, hi)| (self.cursor, hi, lo));
+        let after = self
+            .ranges
+            .range(self.cursor.saturating_add(1)..)
+            .map(|(&lo, &hi)| (lo, hi));
+        let before = self
+            .ranges
+            .range(..=self.cursor)
+            .map(|(&lo, &hi)| (lo, hi.min(self.cursor.saturating_sub(1))))
+            .filter(|&(lo, hi)| lo <= hi && lo < self.cursor);
+        let ranges = first
+            .map(|(from, hi, _)| (from, hi))
+            .into_iter()
+            .chain(after)
+            .chain(before);
+        for (lo, hi) in ranges {
+            let mut a = lo;
+            while out.len() < n {
+                out.push(a);
+                if a == hi {
+                    break;
+                }
+                a += 1;
+            }
+            if out.len() == n {
+                break;
+            }
+        }
+        out
+    }
+
     fn take_next(&mut self) -> Option<u128> {
         let n = match self.range_of(self.cursor) {
             Some(_) => self.cursor,
@@ -416,6 +484,32 @@ mod tests {
             assert_eq!(idx.take_next(), Some(ip("10.0.0.1")));
             assert_eq!(idx.take_next(), None);
             assert_eq!(idx.free_count(), 0);
+        }
+    }
+
+    #[test]
+    fn upcoming_is_what_take_next_hands_out() {
+        for idx in both(&["10.0.0.1-10.0.0.9", "10.0.0.20-10.0.0.22"]) {
+            let mut a = idx.clone();
+            a.take_next();
+            a.take_next();
+            a.remove(ip("10.0.0.5"));
+            a.insert(ip("10.0.0.1"));
+            for n in [0, 1, 3, 20] {
+                let peeked = a.upcoming(n);
+                let mut b = a.clone();
+                let taken: Vec<IpAddr> = (0..n).map_while(|_| b.take_next()).collect();
+                assert_eq!(peeked, taken, "n = {n}");
+                assert_eq!(a.free_count(), idx.free_count() - 2, "nothing taken");
+            }
+            // Wrapped: .1 (free again, behind the cursor) comes last.
+            assert_eq!(a.upcoming(20).last(), Some(&ip("10.0.0.1")));
+            // The cursor in the middle of a free range: its start comes after the wrap.
+            let mut c = idx.clone();
+            c.resume_after(ip("10.0.0.3"));
+            let mut d = c.clone();
+            let taken: Vec<IpAddr> = (0..12).map_while(|_| d.take_next()).collect();
+            assert_eq!(c.upcoming(12), taken);
         }
     }
 

@@ -32,6 +32,15 @@ pub enum ProbeError {
     NoSuchInterface { ifname: String, netns: PathBuf },
 
     #[error(
+        "no link {ifname:?} in this network namespace: probing ahead needs the parent link \
+         (bridge, macvlan master) in the agent's namespace"
+    )]
+    NoSuchLink { ifname: String },
+
+    #[error("{ifname} is down: probing ahead never changes a link of the node; bring it up")]
+    LinkDown { ifname: String },
+
+    #[error(
         "{ifname} is not an Ethernet interface (hardware type {hw_type}): ARP and NDP probes need \
          Ethernet framing; turn probing off for this network"
     )]

@@ -64,7 +64,13 @@
 //! `Link`'s drop still sets the interface down. Right after a raise, the far end of a veth
 //! (the node's end, on the bridge) starts to transmit only once the kernel's link watcher has
 //! run, asynchronously, so the probe waits 2 ms before its first request (without that pause
-//! one first answer in six or so was lost, and found by the next try 100 ms later).
+//! one first answer in six or so was lost, and found by the next try 100 ms later). Raising
+//! and restoring costs 8 to 24 ms here (setting a link down waits for an RCU grace period);
+//! leaving it up instead made the bridge plugin wait about a second for IPv6 duplicate
+//! address detection of the address it adds next.
+//!
+//! Links of the node's own namespace (a bridge, a macvlan probe port: [`with_host_link`], for
+//! probing ahead) are never raised or set down: down or without a carrier is an error.
 //!
 //! # Packets
 //!
@@ -79,8 +85,10 @@
 mod bpf;
 mod error;
 pub mod frame;
+mod host;
 mod link;
 mod netns;
+mod port;
 mod socket;
 
 use std::net::IpAddr;
@@ -89,8 +97,10 @@ use std::time::Duration;
 
 pub use error::ProbeError;
 pub use frame::MacAddr;
+pub use host::{LocalAddress, local_addresses};
 pub use link::Link;
 pub use netns::{PROBE_THREAD_NAME, in_netns};
+pub use port::{MacvlanPort, link_kind, macvlan_port_name};
 
 /// How long a probe listens, and how often it asks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,12 +187,27 @@ pub fn with_link<R: Send>(
 ) -> Result<R, ProbeError> {
     cfg.validate()?;
     in_netns(netns, || {
-        let mut link = Link::open(netns, ifname, cfg)?;
+        let mut link = Link::open(Some(netns), ifname, cfg)?;
         let out = f(&mut link);
         let restored = link.close();
         let out = out?;
         restored.map(|()| out)
     })
+}
+
+/// Runs `f` with the link `ifname` of the calling thread's own network namespace (the node's,
+/// for the agent): no namespace is entered and the link's state is never changed, so a link
+/// that is down, or without a carrier within `cfg.carrier_timeout`, is an error.
+pub fn with_host_link<R>(
+    ifname: &str,
+    cfg: ProbeConfig,
+    f: impl FnOnce(&mut Link) -> Result<R, ProbeError>,
+) -> Result<R, ProbeError> {
+    cfg.validate()?;
+    let mut link = Link::open(None, ifname, cfg)?;
+    let out = f(&mut link);
+    link.close()?;
+    out
 }
 
 /// Duplicate address detection for `addr` from `ifname` in `netns`: an ARP probe (IPv4) or a

@@ -139,11 +139,22 @@ fn ioctl(ctl: &OwnedFd, op: libc::c_ulong, req: &mut libc::ifreq) -> io::Result<
 
 impl Link {
     /// Finds `name` in the current thread's namespace, checks it is Ethernet, and makes sure
-    /// it is up with a carrier (raising it if it was down).
-    pub(crate) fn open(netns: &Path, name: &str, cfg: ProbeConfig) -> Result<Link, ProbeError> {
-        let no_such = || ProbeError::NoSuchInterface {
-            ifname: name.to_owned(),
-            netns: netns.to_owned(),
+    /// it is up with a carrier: a pod's interface (`netns` given) is raised if it was down; a
+    /// link of the node's own namespace (`netns` `None`) is never changed, and being down is
+    /// an error.
+    pub(crate) fn open(
+        netns: Option<&Path>,
+        name: &str,
+        cfg: ProbeConfig,
+    ) -> Result<Link, ProbeError> {
+        let no_such = || match netns {
+            Some(netns) => ProbeError::NoSuchInterface {
+                ifname: name.to_owned(),
+                netns: netns.to_owned(),
+            },
+            None => ProbeError::NoSuchLink {
+                ifname: name.to_owned(),
+            },
         };
         let mut req = ifreq(name).ok_or_else(no_such)?;
         // SAFETY: plain socket(2); the descriptor is owned right away.
@@ -184,6 +195,11 @@ impl Link {
             ndp: None,
         };
         let flags = link.flags()?;
+        if flags & libc::IFF_UP as c_short == 0 && netns.is_none() {
+            return Err(ProbeError::LinkDown {
+                ifname: name.to_owned(),
+            });
+        }
         if flags & libc::IFF_UP as c_short == 0 {
             let mut req = link.ifreq();
             req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as c_short;

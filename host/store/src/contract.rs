@@ -86,6 +86,7 @@ macro_rules! store_contract_tests {
             release_detached_with_none
             release_attachment_leaves_detached_claims
             quarantine_moves_one_claim_to_the_conflict
+            quarantine_of_a_free_address_is_a_detached_claim
             all_lists_everything
             ipv4_and_ipv6
             fields_round_trip
@@ -759,6 +760,35 @@ pub fn quarantine_moves_one_claim_to_the_conflict(store: &dyn Store) {
             store.release_unchanged(std::slice::from_ref(&expected))
         ),
         vec![expected]
+    );
+    assert_eq!(all(store), vec![]);
+}
+
+/// Probing ahead quarantines a free address found in use: a claim created detached, held by
+/// the conflict, like one moved there from an attachment, and released as one.
+pub fn quarantine_of_a_free_address_is_a_detached_claim(store: &dyn Store) {
+    let holder = PodRef::conflict("02:42:ac:11:00:08");
+    let q = claim("10.0.0.2", "p", None, &holder, T0);
+    must("claim", store.claim(std::slice::from_ref(&q)));
+    assert_eq!(all(store), vec![q.clone()]);
+    assert!(all(store)[0].is_quarantined());
+    assert_eq!(must("detached", store.detached()), vec![q.clone()]);
+    assert_eq!(
+        store.claim(&[claim(
+            "10.0.0.2",
+            "p",
+            Some(&attachment("c1", "eth0")),
+            &holder,
+            T0
+        )]),
+        Err(StoreError::Conflict(ip("10.0.0.2"))),
+    );
+    assert_eq!(
+        must(
+            "release_unchanged",
+            store.release_unchanged(std::slice::from_ref(&q))
+        ),
+        vec![q]
     );
     assert_eq!(all(store), vec![]);
 }

@@ -12,6 +12,7 @@
 
 pub mod fleet;
 pub mod registry;
+pub mod probe;
 
 use std::fmt;
 use std::fs::{self, File};
@@ -398,6 +399,8 @@ pub struct Agent {
     /// Serve the pools directory (`--standalone`); without it the agent reads pools from its
     /// `--store` (etcd).
     standalone: bool,
+    /// The network namespace the agent runs in (the machine's own when `None`).
+    netns: Option<PathBuf>,
 }
 
 /// The lab's agent flags: no cooldown and no GC grace period, so tests see releases at once
@@ -467,7 +470,22 @@ impl Agent {
                 .collect(),
             state: None,
             standalone: true,
+            netns: None,
         }
+    }
+
+    /// [`Agent::start_with`] inside `netns`, as a node's agent runs in the node's namespace
+    /// (where probing ahead finds the bridges and macvlan masters the main plugins use).
+    pub fn start_in(netns: &Netns, pools: &str, flags: &[(&str, &str)]) -> Agent {
+        let mut agent = Self::unstarted(flags);
+        agent.netns = Some(netns.path().to_path_buf());
+        let pools_dir = agent.dir.path().join("pools");
+        fs::create_dir(&pools_dir).unwrap();
+        agent.pools_dir = pools_dir;
+        agent.write_pools("pools.yaml", pools);
+        agent.spawn();
+        agent.wait_ready();
+        agent
     }
 
     /// An agent serving the pools kept in etcd (`--store URL`, no `--standalone`), once they
@@ -563,6 +581,20 @@ impl Agent {
         self.starts += 1;
         writeln!(&log, "=== e2e: start #{} ===", self.starts).unwrap();
         let mut command = Command::new(bin("allot-agent"));
+        if let Some(netns) = &self.netns {
+            let file = File::open(netns)
+                .unwrap_or_else(|e| panic!("cannot open {}: {e}", netns.display()));
+            // SAFETY: as in `Netns::command`: only setns(2) between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         if self.standalone {
             command.arg("--standalone").arg(self.pools_dir());
         }
@@ -1239,6 +1271,24 @@ impl Lab {
     /// Like [`Lab::new`], with the agent serving the pools kept in the etcd at `url`.
     pub fn on_etcd_pools(test: &str, url: &str) -> Option<Lab> {
         Self::with_agent(test, || Agent::start_on_etcd_pools(url))
+    }
+
+    /// Like [`Lab::with_flags`], with the agent running in the lab's host namespace, as a
+    /// node's agent runs in the node's.
+    pub fn in_host(test: &str, pools: &str, flags: &[(&str, &str)]) -> Option<Lab> {
+        if skip(test) {
+            return None;
+        }
+        let plugins = PluginDir::new();
+        let host = Netns::new();
+        let agent = Agent::start_in(&host, pools, flags);
+        Some(Lab {
+            agent,
+            host,
+            plugins,
+            bridge: unique_name("br"),
+            network: "allot-e2e".into(),
+        })
     }
 
     fn with_agent(test: &str, start: impl FnOnce() -> Agent) -> Option<Lab> {

@@ -248,6 +248,18 @@ impl State {
         Some(addr)
     }
 
+    /// Takes `addr` itself out of its pool's index and marks it in flight, if it is free.
+    pub fn take_exact(&mut self, addr: IpAddr) -> bool {
+        let Some(i) = self.locate(addr) else {
+            return false;
+        };
+        if !self.pools[i].index.remove(addr) {
+            return false;
+        }
+        self.in_flight.insert(addr);
+        true
+    }
+
     /// A taken address whose claim was committed.
     pub fn committed(&mut self, addr: IpAddr) {
         self.in_flight.remove(&addr);
