@@ -6,5 +6,8 @@
 //!   deciding with core's table (`allot_core::gc::decide`).
 //! - [`pools`]: pool lifecycle: status counts derived from the claims, the finalizer that keeps
 //!   a pool with claims from disappearing.
+//! - [`webhook`]: the admission webhooks, served by every replica, with the certificate and the
+//!   webhook configurations the controller keeps itself.
 
 pub mod lease;
+pub mod webhook;
