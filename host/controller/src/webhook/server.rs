@@ -194,14 +194,24 @@ async fn handle(req: Request<Incoming>, lookup: &Lookup) -> Reply {
 
 /// The request of an AdmissionReview, or the 4xx reply saying what is wrong with it.
 async fn read_review(req: Request<Incoming>) -> Result<AdmissionRequest<DynamicObject>, Reply> {
+    let too_large = || {
+        text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("an AdmissionReview is at most {MAX_BODY} bytes"),
+        )
+    };
+    // Refused before a byte of the body is read when its length is declared.
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(text(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("an AdmissionReview is at most {MAX_BODY} bytes"),
-            ));
-        }
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
         Err(e) => {
             return Err(text(
                 StatusCode::BAD_REQUEST,
