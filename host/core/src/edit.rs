@@ -10,7 +10,7 @@
 //!
 //! Pure: the caller reads the objects and the claims ([`Existing`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -28,7 +28,23 @@ const SHOWN: usize = 3;
 pub struct Held {
     v4: AddrSet,
     v6: AddrSet,
-    holders: BTreeMap<IpAddr, String>,
+    holders: HashMap<IpAddr, Holder>,
+}
+
+/// Who holds a claimed address, formatted only when a message names it.
+#[derive(Clone, Debug)]
+enum Holder {
+    Pod { namespace: String, name: String },
+    Quarantined { mac: String },
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Pod { namespace, name } => write!(f, "{namespace}/{name}"),
+            Holder::Quarantined { mac } => write!(f, "quarantined: host {mac} answered for it"),
+        }
+    }
 }
 
 impl Held {
@@ -74,16 +90,23 @@ impl Held {
     }
 }
 
-/// The claims grouped by the pool they were taken from.
-pub fn held_by_pool<'a>(claims: impl IntoIterator<Item = &'a Claim>) -> BTreeMap<String, Held> {
-    let mut by_pool: BTreeMap<String, BTreeMap<IpAddr, String>> = BTreeMap::new();
+/// The claims grouped by the pool they were taken from (taken, not copied: a cluster's claims
+/// are many).
+pub fn held_by_pool(claims: impl IntoIterator<Item = Claim>) -> BTreeMap<String, Held> {
+    let mut by_pool: HashMap<String, HashMap<IpAddr, Holder>> = HashMap::new();
     for claim in claims {
-        let holder = match claim.pod.conflict_mac() {
-            Some(mac) => format!("quarantined: host {mac} answered for it"),
-            None => format!("{}/{}", claim.pod.namespace, claim.pod.name),
+        let holder = if claim.pod.is_conflict() {
+            Holder::Quarantined {
+                mac: claim.pod.name,
+            }
+        } else {
+            Holder::Pod {
+                namespace: claim.pod.namespace,
+                name: claim.pod.name,
+            }
         };
         by_pool
-            .entry(claim.pool.clone())
+            .entry(claim.pool)
             .or_default()
             .insert(claim.address, holder);
     }

@@ -79,7 +79,7 @@ fn existing(pools: Vec<Pool>, subnets: Vec<Subnet>, claims: &[Claim]) -> Existin
     Existing {
         pools,
         subnets,
-        held: held_by_pool(claims),
+        held: held_by_pool(claims.to_vec()),
     }
 }
 
@@ -409,7 +409,7 @@ fn held_sets_come_from_many_claims_in_one_pass() {
             claim(&a.to_string(), "big", "p")
         })
         .collect();
-    let held = held_by_pool(&claims);
+    let held = held_by_pool(claims);
     let big = &held["big"];
     assert_eq!(big.count(), 20_000);
     assert_eq!(

@@ -70,7 +70,7 @@ impl Lookup {
             .await
             .map_err(|e| format!("reading the claims: {e}"))?
             .map_err(|e| format!("reading the claims: {e}"))?;
-        Ok(edit::held_by_pool(&claims))
+        Ok(edit::held_by_pool(claims))
     }
 
     /// Every object of a kind that reads as `K`, in pages. Read untyped and decoded one by one,
