@@ -175,7 +175,7 @@ pub async fn validate(
         "admission denied: {}",
         verdict.refusals.join("; ")
     );
-    let mut denied = response.deny(verdict.refusals.join("; "));
+    let mut denied = response.deny(summary(&verdict.refusals));
     // 422 as for any invalid object; a deletion refused is 403 (nothing about the request is
     // malformed, the pool's state forbids it).
     (denied.result.code, denied.result.reason) = match request.operation {
@@ -183,6 +183,24 @@ pub async fn validate(
         _ => (422, "Invalid".into()),
     };
     denied
+}
+
+/// Refusals shown in one answer: a /8 laid over a thousand pools is one message naming a few.
+const SHOWN_REFUSALS: usize = 5;
+
+/// The first refusals, then how many more there are.
+fn summary(refusals: &[String]) -> String {
+    let mut shown: Vec<&str> = refusals
+        .iter()
+        .take(SHOWN_REFUSALS)
+        .map(String::as_str)
+        .collect();
+    let more = refusals.len().saturating_sub(SHOWN_REFUSALS);
+    let tail = format!("… and {more} more");
+    if more > 0 {
+        shown.push(&tail);
+    }
+    shown.join("; ")
 }
 
 /// The object and the old object of `request`, as `K`.
