@@ -442,7 +442,8 @@ async fn the_serving_certificate_is_renewed_and_served_without_a_restart() {
 async fn the_ca_is_rotated_with_an_overlap_in_the_bundle() {
     let server = ApiServer::new();
     let certs = CertPolicy {
-        ca_validity: Duration::from_secs(9),
+        // Its successor joins with 5 s left, takes over a second later.
+        ca_validity: Duration::from_secs(15),
         serving_validity: Duration::from_secs(60),
         ca_overlap: Duration::from_secs(1),
     };
@@ -557,13 +558,13 @@ async fn two_replicas_starting_at_once_serve_the_one_certificate_that_won() {
 async fn a_follower_serves_but_neither_writes_configurations_nor_renews_early() {
     let server = ApiServer::new();
     let certs = CertPolicy {
-        serving_validity: Duration::from_secs(8),
+        serving_validity: Duration::from_secs(12),
         ..CertPolicy::default()
     };
     let follower = start(&server, Leadership::default(), certs.clone()).await;
     let first = stored_secret(&server).unwrap();
     // Past two thirds of the certificate's life: a leader would have renewed it by now.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(Duration::from_millis(8_500)).await;
     assert_eq!(
         stored_secret(&server).unwrap(),
         first,
