@@ -100,6 +100,10 @@ fn a_certificate_for_another_service_or_from_another_ca_is_reissued_at_once() {
         r.reason
     );
     assert_eq!(r.material.ca_cert, m.ca_cert);
+    // Replicas of the old name (mid-rollout) accept it: it keeps the names it had.
+    assert!(decide(&r.material, T0, false, false).is_none());
+    let again = renew(Ok(&r.material), &renamed, &policy(), T0, false, false).unwrap();
+    assert!(again.is_none(), "no reissuing back and forth");
 
     let other = fresh(T0);
     let mut mixed = m.clone();

@@ -178,7 +178,16 @@ pub fn renew(
         };
     }
     if let Some(problem) = &seen.serving_problem {
-        return renewal(reissued(m, &seen, names, policy, now)?, problem.clone());
+        // Keeping the names it had: during a rollout that renames the Service, replicas of
+        // both versions accept the certificate instead of reissuing it for each other.
+        let mut both = names.to_vec();
+        both.extend(
+            seen.serving_names
+                .iter()
+                .filter(|n| !names.contains(n))
+                .cloned(),
+        );
+        return renewal(reissued(m, &seen, &both, policy, now)?, problem.clone());
     }
     if now >= seen.serving.not_after {
         return renewal(
@@ -280,6 +289,8 @@ struct Seen {
     serving: Validity,
     /// Why the serving certificate cannot be served as it is.
     serving_problem: Option<String>,
+    /// The names the serving certificate is valid for.
+    serving_names: Vec<String>,
     /// The bundle's certificates (PEM) and when each expires.
     bundle: Vec<(String, i64)>,
 }
@@ -311,10 +322,10 @@ fn inspect(m: &Material, names: &[String]) -> Result<Seen, String> {
         with_cert(&der, TLS_CERT, |cert| {
             let problem = with_cert(&ca_der, CA_CERT, |ca| serving_problem(m, cert, ca, names))
                 .unwrap_or_else(Some);
-            (validity(cert), problem)
+            (validity(cert), problem, dns_names(cert))
         })
     });
-    let (serving, serving_problem) = match serving {
+    let (serving, serving_problem, serving_names) = match serving {
         Ok(v) => v,
         Err(why) => (
             Validity {
@@ -322,6 +333,7 @@ fn inspect(m: &Material, names: &[String]) -> Result<Seen, String> {
                 not_after: 0,
             },
             Some(why),
+            Vec::new(),
         ),
     };
     Ok(Seen {
@@ -329,8 +341,25 @@ fn inspect(m: &Material, names: &[String]) -> Result<Seen, String> {
         next,
         serving,
         serving_problem,
+        serving_names,
         bundle,
     })
+}
+
+/// The DNS names a certificate is valid for.
+fn dns_names(cert: &X509Certificate<'_>) -> Vec<String> {
+    match cert.subject_alternative_name() {
+        Ok(Some(san)) => san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn serving_problem(
@@ -345,18 +374,7 @@ fn serving_problem(
     if cert.verify_signature(Some(ca.public_key())).is_err() {
         return Some(format!("{TLS_CERT} is not signed by {CA_CERT}"));
     }
-    let listed: Vec<String> = match cert.subject_alternative_name() {
-        Ok(Some(san)) => san
-            .value
-            .general_names
-            .iter()
-            .filter_map(|n| match n {
-                x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
+    let listed = dns_names(cert);
     let missing: Vec<&String> = names.iter().filter(|n| !listed.contains(n)).collect();
     (!missing.is_empty()).then(|| {
         format!(
