@@ -6,6 +6,8 @@
 //!   deciding with core's table (`allot_core::gc::decide`).
 //! - [`pools`]: pool lifecycle: status counts derived from the claims, the finalizer that keeps
 //!   a pool with claims from disappearing.
+//! - [`webhook`]: the admission webhooks, served by every replica, with the certificate and the
+//!   webhook configurations the controller keeps itself.
 
 pub mod args;
 pub mod gc;
@@ -14,3 +16,4 @@ pub mod metrics;
 pub mod pools;
 pub mod run;
 pub mod serve;
+pub mod webhook;

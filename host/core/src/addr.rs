@@ -148,6 +148,20 @@ impl AddrSet {
         }
     }
 
+    /// The addresses of `family` among `addresses` (others are left out), in O(n log n): for
+    /// sets built from many single addresses, such as every claim of a pool.
+    pub fn from_addresses(family: IpFamily, addresses: impl IntoIterator<Item = IpAddr>) -> Self {
+        let ranges = addresses
+            .into_iter()
+            .filter(|a| IpFamily::of(*a) == family)
+            .map(|a| {
+                let n = addr_to_u128(a);
+                (n, n)
+            })
+            .collect();
+        Self::from_ranges(family, ranges)
+    }
+
     /// Parses Spiderpool-style entries: `"10.0.0.1"`, `"10.0.0.10-10.0.0.20"`, or a CIDR.
     pub fn parse_entries<S: AsRef<str>>(
         family: IpFamily,
@@ -439,6 +453,18 @@ mod tests {
         assert_eq!(p2p.len(), 2);
         let v6 = AddrSet::usable_hosts(&"fd00::/64".parse().unwrap());
         assert_eq!(v6.len(), u64::MAX); // 2^64 - 1 saturates nowhere, it is exactly u64::MAX
+    }
+
+    #[test]
+    fn sets_from_single_addresses_merge_runs_and_keep_one_family() {
+        let addrs = [
+            "10.0.0.3", "10.0.0.1", "fd00::1", "10.0.0.2", "10.0.0.9", "10.0.0.2",
+        ]
+        .map(|a| a.parse::<IpAddr>().unwrap());
+        let s = AddrSet::from_addresses(IpFamily::V4, addrs);
+        assert_eq!(s.to_entries(), ["10.0.0.1-10.0.0.3", "10.0.0.9"]);
+        let six = AddrSet::from_addresses(IpFamily::V6, addrs);
+        assert_eq!(six.to_entries(), ["fd00::1"]);
     }
 
     #[test]

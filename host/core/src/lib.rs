@@ -7,6 +7,7 @@ pub mod addr;
 pub mod block;
 pub mod config;
 pub mod documents;
+pub mod edit;
 pub mod engine;
 pub mod fleet;
 pub mod free;

@@ -1,0 +1,318 @@
+//! The ValidatingWebhookConfiguration and MutatingWebhookConfiguration, created and kept true by
+//! the leader: created once a certificate exists (so nothing is refused before a replica can
+//! answer, e.g. the default pools a Helm chart installs together with the controller), and
+//! repaired whenever they differ from what this controller serves: a `helm upgrade` or a
+//! `kubectl apply` of an old copy that resets `caBundle` is put right within seconds (the keeper
+//! watches them) instead of leaving every pool write refused with a TLS error.
+//!
+//! Choices, for every webhook:
+//! - `failurePolicy: Fail` for validation: a change that could not be checked is refused (the
+//!   message names the webhook), never let through unchecked; pool writes are rare and an
+//!   operator can wait for the controller or delete the configuration (the controller puts it
+//!   back when it is up). `Ignore` for the mutating webhook: its only change, `ipVersion`
+//!   defaulted from the subnet, is what core derives anyway.
+//! - `timeoutSeconds`: 5 to validate (a list of pools and the claims from memory take
+//!   milliseconds; the handler gives up after 4 s and refuses), 3 to mutate (no reads).
+//! - `sideEffects: None`: the webhook only reads, so dry-run requests are sent too.
+//! - `matchPolicy: Equivalent` with version `v1alpha1`: a later version of the CRDs is
+//!   converted to the one this code decodes.
+//! - Only writes of pools, subnets, reserved addresses and fleet objects are matched: never
+//!   IPBlocks or Endpoints (the agents' hot path), never status subresources.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::secret::MANAGED_BY;
+use super::{api_error, is_conflict, request};
+
+pub const VALIDATE_PATH: &str = "/validate";
+pub const MUTATE_PATH: &str = "/mutate";
+pub const VALIDATING_WEBHOOK: &str = "validate.allot.dev";
+pub const MUTATING_WEBHOOK: &str = "default.allot.dev";
+pub const VALIDATE_TIMEOUT_SECONDS: i32 = 5;
+pub const MUTATE_TIMEOUT_SECONDS: i32 = 3;
+
+/// Where the API server reaches the webhooks.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The name of both configurations.
+    pub config_name: String,
+    pub namespace: String,
+    pub service: String,
+    pub port: u16,
+}
+
+fn rule(operations: &[&str], resources: &[&str], scope: &str) -> RuleWithOperations {
+    let strings = |items: &[&str]| Some(items.iter().map(|s| s.to_string()).collect());
+    RuleWithOperations {
+        api_groups: strings(&[allot_k8s::GROUP]),
+        api_versions: strings(&[allot_k8s::VERSION]),
+        operations: strings(operations),
+        resources: strings(resources),
+        scope: Some(scope.to_string()),
+    }
+}
+
+fn client_config(target: &Target, path: &str, bundle: &[u8]) -> WebhookClientConfig {
+    WebhookClientConfig {
+        ca_bundle: Some(ByteString(bundle.to_vec())),
+        service: Some(ServiceReference {
+            name: target.service.clone(),
+            namespace: target.namespace.clone(),
+            path: Some(path.to_string()),
+            port: Some(i32::from(target.port)),
+        }),
+        url: None,
+    }
+}
+
+fn meta(target: &Target) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(target.config_name.clone()),
+        labels: Some(BTreeMap::from([(
+            MANAGED_BY.0.to_string(),
+            MANAGED_BY.1.to_string(),
+        )])),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The validating configuration this controller serves, trusting `bundle`.
+pub fn validating(target: &Target, bundle: &[u8]) -> ValidatingWebhookConfiguration {
+    ValidatingWebhookConfiguration {
+        metadata: meta(target),
+        webhooks: Some(vec![ValidatingWebhook {
+            name: VALIDATING_WEBHOOK.into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: client_config(target, VALIDATE_PATH, bundle),
+            failure_policy: Some("Fail".into()),
+            match_policy: Some("Equivalent".into()),
+            side_effects: "None".into(),
+            timeout_seconds: Some(VALIDATE_TIMEOUT_SECONDS),
+            namespace_selector: Some(LabelSelector::default()),
+            object_selector: Some(LabelSelector::default()),
+            rules: Some(vec![
+                rule(
+                    &["CREATE", "UPDATE", "DELETE"],
+                    &["ippools", "subnets", "ipampools"],
+                    "Cluster",
+                ),
+                // Deleting a reservation or an allocation is always allowed.
+                rule(&["CREATE", "UPDATE"], &["reservedips"], "Cluster"),
+                rule(&["CREATE", "UPDATE"], &["ipamallocations"], "Namespaced"),
+            ]),
+            match_conditions: None,
+        }]),
+    }
+}
+
+/// The mutating configuration this controller serves, trusting `bundle`.
+pub fn mutating(target: &Target, bundle: &[u8]) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: meta(target),
+        webhooks: Some(vec![MutatingWebhook {
+            name: MUTATING_WEBHOOK.into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: client_config(target, MUTATE_PATH, bundle),
+            failure_policy: Some("Ignore".into()),
+            match_policy: Some("Equivalent".into()),
+            side_effects: "None".into(),
+            timeout_seconds: Some(MUTATE_TIMEOUT_SECONDS),
+            namespace_selector: Some(LabelSelector::default()),
+            object_selector: Some(LabelSelector::default()),
+            reinvocation_policy: Some("Never".into()),
+            rules: Some(vec![rule(
+                &["CREATE", "UPDATE"],
+                &["ippools", "subnets", "reservedips"],
+                "Cluster",
+            )]),
+            match_conditions: None,
+        }]),
+    }
+}
+
+/// What [`ensure`] did to one configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Unchanged,
+    Created,
+    /// It differed; the fields that did (`caBundle` after an upgrade reset it, say).
+    Repaired(Vec<String>),
+}
+
+/// Makes both configurations what this controller serves, trusting `bundle`.
+pub async fn ensure(
+    client: &kube::Client,
+    target: &Target,
+    bundle: &[u8],
+) -> anyhow::Result<[Outcome; 2]> {
+    let validating = ensure_one(
+        Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+        validating(target, bundle),
+    )
+    .await?;
+    let mutating = ensure_one(
+        Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        mutating(target, bundle),
+    )
+    .await?;
+    Ok([validating, mutating])
+}
+
+/// Deletes both configurations (for an uninstall: a pre-delete hook runs it, so that no
+/// configuration is left pointing at a Service that is gone); a missing one is fine.
+pub async fn remove(client: &kube::Client, config_name: &str) -> anyhow::Result<()> {
+    remove_one(
+        Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+        config_name,
+    )
+    .await?;
+    remove_one(
+        Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        config_name,
+    )
+    .await
+}
+
+async fn remove_one<K>(api: Api<K>, name: &str) -> anyhow::Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let what = format!("{} {name}", K::kind(&()));
+    match request(&what, "delete", api.delete(name, &DeleteParams::default())).await? {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(api_error(&what, "delete", e)),
+    }
+    .map(|()| tracing::info!("webhook: deleted {what}"))
+}
+
+/// Writes before [`ensure_one`] gives up for this round (each lost race costs a read).
+const ATTEMPTS: usize = 4;
+
+async fn ensure_one<K>(api: Api<K>, desired: K) -> anyhow::Result<Outcome>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let what = format!("{} {name}", K::kind(&()));
+    for _ in 0..ATTEMPTS {
+        let live = request(&what, "get", api.get_opt(&name))
+            .await?
+            .map_err(|e| api_error(&what, "get", e))?;
+        let Some(live) = live else {
+            match request(
+                &what,
+                "create",
+                api.create(&PostParams::default(), &desired),
+            )
+            .await?
+            {
+                Ok(_) => {
+                    tracing::info!("webhook: created {what}");
+                    return Ok(Outcome::Created);
+                }
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(api_error(&what, "create", e)),
+            }
+        };
+        let differs = differences(&essentials(&live), &essentials(&desired));
+        if differs.is_empty() {
+            return Ok(Outcome::Unchanged);
+        }
+        // The webhooks as served, on the object as stored (its labels and annotations kept, its
+        // resourceVersion making the write a compare-and-swap).
+        let mut repaired = serde_json::to_value(&live)?;
+        let wanted = serde_json::to_value(&desired)?;
+        repaired["webhooks"] = wanted["webhooks"].clone();
+        repaired["metadata"]["labels"][MANAGED_BY.0] = Value::from(MANAGED_BY.1);
+        let repaired: K = serde_json::from_value(repaired)?;
+        match request(
+            &what,
+            "update",
+            api.replace(&name, &PostParams::default(), &repaired),
+        )
+        .await?
+        {
+            Ok(_) => {
+                tracing::warn!("webhook: repaired {what}: {} differed", differs.join(", "));
+                return Ok(Outcome::Repaired(differs));
+            }
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) => return Err(api_error(&what, "update", e)),
+        }
+    }
+    anyhow::bail!("{what}: {ATTEMPTS} writes in a row lost to other writers; will try again")
+}
+
+/// The fields of each webhook this controller decides, by webhook name (the API server fills
+/// in others, such as selectors left empty, that are not compared).
+fn essentials<K: Serialize>(config: &K) -> BTreeMap<String, Value> {
+    const KEPT: [&str; 9] = [
+        "clientConfig",
+        "rules",
+        "failurePolicy",
+        "matchPolicy",
+        "sideEffects",
+        "timeoutSeconds",
+        "admissionReviewVersions",
+        "reinvocationPolicy",
+        "matchConditions",
+    ];
+    let value = serde_json::to_value(config).unwrap_or(Value::Null);
+    value["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            let name = w["name"].as_str().unwrap_or_default().to_string();
+            let kept: serde_json::Map<String, Value> = KEPT
+                .iter()
+                .filter_map(|k| w.get(*k).map(|v| (k.to_string(), v.clone())))
+                .collect();
+            (name, Value::Object(kept))
+        })
+        .collect()
+}
+
+/// The webhooks and fields that differ: `validate.allot.dev caBundle`, say.
+fn differences(live: &BTreeMap<String, Value>, desired: &BTreeMap<String, Value>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, want) in desired {
+        let Some(have) = live.get(name) else {
+            out.push(format!("{name} (missing)"));
+            continue;
+        };
+        let fields = want.as_object().into_iter().flatten().map(|(k, _)| k);
+        for field in fields.chain(have.as_object().into_iter().flatten().map(|(k, _)| k)) {
+            let (h, w) = (&have[field], &want[field]);
+            if h == w {
+                continue;
+            }
+            let label = if field == "clientConfig" && h["caBundle"] != w["caBundle"] {
+                format!("{name} caBundle")
+            } else {
+                format!("{name} {field}")
+            };
+            if !out.contains(&label) {
+                out.push(label);
+            }
+        }
+    }
+    for name in live.keys().filter(|n| !desired.contains_key(*n)) {
+        out.push(format!("{name} (not served by this controller)"));
+    }
+    out
+}
