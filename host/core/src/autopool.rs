@@ -132,6 +132,37 @@ pub fn parse_reclaim(key: &str, value: &str) -> Result<bool, AnnotationError> {
     }
 }
 
+/// The addresses an IPPool lists, as far as they can be read, valid or not: carving never takes
+/// them, so a pool that fails its checks today cannot find its addresses in an auto pool once it
+/// is corrected. The family is `ipVersion`'s, else the subnet's, else the first entry's; entries
+/// that do not parse are skipped; no `ips` means every usable host of the subnet. `None` when
+/// nothing can be read.
+pub fn listed_addresses(
+    ip_version: Option<u8>,
+    subnet: Option<&str>,
+    ips: &[String],
+) -> Option<AddrSet> {
+    let net: Option<ipnet::IpNet> = subnet.and_then(|s| s.trim().parse().ok());
+    let family = ip_version
+        .and_then(IpFamily::from_version)
+        .or(net.as_ref().map(IpFamily::of_net))
+        .or_else(|| {
+            ips.first().map(|e| {
+                if e.contains(':') {
+                    IpFamily::V6
+                } else {
+                    IpFamily::V4
+                }
+            })
+        })?;
+    let set = if ips.is_empty() {
+        AddrSet::usable_hosts(&net?.trunc())
+    } else {
+        AddrSet::parse_entries_lenient(family, ips).0
+    };
+    (!set.is_empty() && set.family() == family).then_some(set)
+}
+
 /// The longest Kubernetes label value (and DNS-1123 label).
 const MAX_LABEL: usize = 63;
 /// Hex digits of the name's hash suffix (40 bits).
@@ -348,6 +379,19 @@ mod tests {
         };
         assert!(label(&name), "{name}");
         assert!(label(&pool_name(&app("Job", "x", "a."), "s", IpFamily::V4)));
+    }
+
+    #[test]
+    fn what_an_invalid_pool_lists_is_still_read() {
+        let ips = |e: &[&str]| e.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let set = listed_addresses(None, Some("10.0.0.0/24"), &ips(&["10.0.0.5", "10.0.0.x"]));
+        assert_eq!(set.unwrap().to_entries(), ["10.0.0.5"]);
+        let whole = listed_addresses(None, Some("10.0.0.0/30"), &[]).unwrap();
+        assert_eq!(whole.to_entries(), ["10.0.0.1-10.0.0.2"]);
+        let v6 = listed_addresses(None, Some("garbage"), &ips(&["fd00::1-fd00::3"])).unwrap();
+        assert_eq!(v6.len(), 3);
+        assert!(listed_addresses(None, Some("garbage"), &[]).is_none());
+        assert!(listed_addresses(Some(4), None, &ips(&["fd00::1"])).is_none());
     }
 
     #[test]
