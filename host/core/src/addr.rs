@@ -148,6 +148,19 @@ impl AddrSet {
         }
     }
 
+    /// The set of `addrs` of `family` (others are skipped): one sort, whatever their order.
+    pub fn from_addrs(family: IpFamily, addrs: impl IntoIterator<Item = IpAddr>) -> Self {
+        let ranges = addrs
+            .into_iter()
+            .filter(|a| IpFamily::of(*a) == family)
+            .map(|a| {
+                let n = addr_to_u128(a);
+                (n, n)
+            })
+            .collect();
+        Self::from_ranges(family, ranges)
+    }
+
     /// Parses Spiderpool-style entries: `"10.0.0.1"`, `"10.0.0.10-10.0.0.20"`, or a CIDR.
     pub fn parse_entries<S: AsRef<str>>(
         family: IpFamily,
