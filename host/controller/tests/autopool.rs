@@ -254,3 +254,94 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
     runtime.block_on(controller).unwrap();
     drop(runtime);
 }
+
+/// examples/kubernetes/subnet-auto-pools.yaml asks for what its comments say, with the
+/// Subnets of the examples.
+#[test]
+fn the_example_workloads_get_the_pools_their_comments_describe() {
+    use allot_controller::autopool::Snapshot;
+    use allot_core::autopool::Action;
+    use allot_index::{IndexResource, PoolObject, ReservedObject, SubnetObject, WorkloadIndex};
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+    use k8s_openapi::api::batch::v1::{CronJob, Job};
+    use kube::api::DynamicObject;
+    use serde::Deserialize;
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kubernetes");
+    let mut docs = Vec::new();
+    for file in ["pools.yaml", "subnet-auto-pools.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            docs.push(serde_json::to_value(serde_yaml::Value::deserialize(doc).unwrap()).unwrap());
+        }
+    }
+    let of = |kind: &'static str| docs.iter().filter(move |d| d["kind"] == kind).cloned();
+    let dynamic = |d: Value| serde_json::from_value::<DynamicObject>(d).unwrap();
+    let mut i = WorkloadIndex::new();
+    i.reset(
+        of("Deployment")
+            .map(|d| serde_json::from_value::<Deployment>(d).unwrap())
+            .collect(),
+    );
+    i.reset(
+        of("StatefulSet")
+            .map(|d| serde_json::from_value::<StatefulSet>(d).unwrap())
+            .collect(),
+    );
+    i.reset(
+        of("CronJob")
+            .map(|d| serde_json::from_value::<CronJob>(d).unwrap())
+            .collect(),
+    );
+    i.reset(Vec::<ReplicaSet>::new());
+    i.reset(Vec::<Job>::new());
+    i.reset(Vec::<DaemonSet>::new());
+    i.reset(of("IPPool").map(|d| PoolObject(dynamic(d))).collect());
+    i.reset(of("Subnet").map(|d| SubnetObject(dynamic(d))).collect());
+    i.reset(
+        of("ReservedIP")
+            .map(|d| ReservedObject(dynamic(d)))
+            .collect(),
+    );
+    let mut created: Vec<(String, String, Vec<String>)> = Snapshot::of(&i)
+        .dry_run()
+        .into_iter()
+        .map(|a| match a {
+            Action::Create {
+                app, labels, spec, ..
+            } => (
+                app.name,
+                labels["ipam.allot.dev/owner-subnet"].clone(),
+                spec.ips,
+            ),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    created.sort();
+    let size = |ips: &[String], family| AddrSet::parse_entries(family, ips).unwrap().len();
+    let sizes: Vec<(&str, &str, u64)> = created
+        .iter()
+        .map(|(app, subnet, ips)| {
+            let family = if subnet.ends_with("v6") {
+                IpFamily::V6
+            } else {
+                IpFamily::V4
+            };
+            (app.as_str(), subnet.as_str(), size(ips, family))
+        })
+        .collect();
+    assert_eq!(
+        sizes,
+        [
+            ("db", "apps-v4", 6),
+            ("report", "apps-v4", 4),
+            ("web", "apps-v4", 5),
+            ("web", "apps-v6", 5),
+        ]
+    );
+    let web_v4 = created
+        .iter()
+        .find(|c| c.0 == "web" && c.1 == "apps-v4")
+        .unwrap();
+    assert_eq!(web_v4.2, ["10.50.1.4-10.50.1.8"], "the example's comment");
+}

@@ -84,6 +84,22 @@ impl Snapshot {
     }
 }
 
+impl Snapshot {
+    /// What a pass would do if no address were claimed and nothing were pending (for
+    /// examples and inspection; a real pass reads the claims).
+    pub fn dry_run(&self) -> Vec<Action> {
+        let inputs = Inputs {
+            workloads: &self.workloads,
+            subnets: &self.subnets,
+            pools: &self.pools,
+            reserved_v4: &self.reserved[0],
+            reserved_v6: &self.reserved[1],
+            pending: &[],
+        };
+        plan(&inputs, &mut |current| AddrSet::empty(current.family()))
+    }
+}
+
 /// A write the watch may not have shown yet.
 struct Pending {
     name: String,

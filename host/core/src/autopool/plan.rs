@@ -200,8 +200,8 @@ pub fn plan(inputs: &Inputs, claimed: &mut dyn FnMut(&AddrSet) -> AddrSet) -> Ve
                 }
                 Some(Err(why)) => {
                     actions.push(refuse(format!(
-                        "Subnet {} is invalid ({why}): no pool is carved from it until it is \
-                         corrected",
+                        "Subnet {} cannot be carved from ({why}): no pool is created or \
+                         resized from it until that changes",
                         want.subnet
                     )));
                     continue;
