@@ -114,6 +114,9 @@ fn setup(cidr: &str, replicas: u64, with_pools: bool) -> Setup {
     }
 }
 
+/// A case: its name, its setup, and what its pass must decide.
+type Case = (&'static str, Setup, fn(&[Action]) -> bool);
+
 fn pass(s: &Setup) -> Vec<Action> {
     let inputs = Inputs {
         workloads: &s.workloads,
@@ -151,7 +154,7 @@ fn main() {
     measure(&setup("10.0.0.0/16", 3, true), |a| a.is_empty());
     let mut p50 = BTreeMap::new();
     for cidr in ["10.0.0.0/16", "10.0.0.0/8", "fd00::/64"] {
-        let cases: [(&str, Setup, fn(&[Action]) -> bool); 3] = [
+        let cases: [Case; 3] = [
             ("steady", setup(cidr, 3, true), |a| a.is_empty()),
             ("scale-up", setup(cidr, 9, true), |a| {
                 a.len() == WORKLOADS && matches!(a[0], Action::Update { added: 6, .. })
