@@ -457,3 +457,24 @@ fn a_family_mismatch_is_refused() {
         "{reason}"
     );
 }
+
+#[test]
+fn a_pool_whose_subnet_nests_with_the_subnets_is_refused_before_carving() {
+    let wide = view(
+        "wide",
+        BTreeMap::new(),
+        IpPoolSpec {
+            subnet: "10.10.0.0/16".into(),
+            ips: vec!["10.10.5.1".into()],
+            ..Default::default()
+        },
+    );
+    let actions = run(&[workload("web", 1)], &[wide], &none());
+    let [Action::Refuse { reason, .. }] = actions.as_slice() else {
+        panic!("{actions:?}")
+    };
+    assert!(
+        reason.contains("IPPool wide has subnet 10.10.0.0/16"),
+        "{reason}"
+    );
+}

@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use ipnet::IpNet;
+
 use super::carve::{SubnetSpace, carve, resize};
 use super::{
     IpNumber, MANAGED_BY, MANAGER, RECLAIM_LABEL, check_label_values, labels, pool_name, pool_spec,
@@ -227,6 +229,15 @@ pub fn plan(inputs: &Inputs, claimed: &mut dyn FnMut(&AddrSet) -> AddrSet) -> Ve
             let ours = labels(app, &want.subnet, wants.reclaim);
             let existing = by_name.get(name.as_str()).copied();
             let Some(pool) = existing else {
+                if let Some(other) = nested_subnet(inputs.pools, subnet) {
+                    actions.push(refuse(format!(
+                        "IPPool {name} is not created: IPPool {} has subnet {}, which overlaps \
+                         Subnet {}'s {} without being equal, and agents refuse a pool whose \
+                         subnet overlaps another's: give them one subnet, or disjoint ones",
+                        other.0, other.1, want.subnet, subnet.subnet
+                    )));
+                    continue;
+                }
                 match carve(space, size) {
                     Ok(ips) => {
                         take(&mut spaces, &mut taken[i], &ips);
@@ -356,6 +367,25 @@ pub fn plan(inputs: &Inputs, claimed: &mut dyn FnMut(&AddrSet) -> AddrSet) -> Ve
         }
     }
     actions
+}
+
+/// A pool whose subnet overlaps `subnet`'s without being equal (agents keep only one of two
+/// such pools), with that subnet.
+fn nested_subnet(pools: &[PoolView], subnet: &Subnet) -> Option<(String, IpNet)> {
+    pools.iter().find_map(|p| {
+        let net = p
+            .spec
+            .as_ref()
+            .ok()?
+            .subnet
+            .trim()
+            .parse::<IpNet>()
+            .ok()?
+            .trunc();
+        let nested = net != subnet.subnet
+            && (net.contains(&subnet.subnet.network()) || subnet.subnet.contains(&net.network()));
+        nested.then(|| (p.name.clone(), net))
+    })
 }
 
 /// Marks `ips` taken in the family's running total and in every Subnet's space of that family
