@@ -35,6 +35,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet}
 use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
@@ -286,9 +287,8 @@ impl WorkloadIndex {
 
 /// Each workload kind: how to read its key, pod template and pod count, and whether it is a
 /// workload of its own.
-trait WorkloadObject {
+trait WorkloadObject: Resource {
     const KIND: WorkloadKind;
-    fn meta(&self) -> &ObjectMeta;
     fn template(&self) -> Option<&PodTemplateSpec>;
     fn pods(&self) -> u64;
     /// A ReplicaSet or Job run by a controller is that controller's business.
@@ -311,9 +311,6 @@ trait WorkloadObject {
 
 impl WorkloadObject for Deployment {
     const KIND: WorkloadKind = WorkloadKind::Deployment;
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
     fn template(&self) -> Option<&PodTemplateSpec> {
         self.spec.as_ref().map(|s| &s.template)
     }
@@ -324,9 +321,6 @@ impl WorkloadObject for Deployment {
 
 impl WorkloadObject for StatefulSet {
     const KIND: WorkloadKind = WorkloadKind::StatefulSet;
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
     fn template(&self) -> Option<&PodTemplateSpec> {
         self.spec.as_ref().map(|s| &s.template)
     }
@@ -337,9 +331,6 @@ impl WorkloadObject for StatefulSet {
 
 impl WorkloadObject for ReplicaSet {
     const KIND: WorkloadKind = WorkloadKind::ReplicaSet;
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
     fn template(&self) -> Option<&PodTemplateSpec> {
         self.spec.as_ref().and_then(|s| s.template.as_ref())
     }
@@ -353,9 +344,6 @@ impl WorkloadObject for ReplicaSet {
 
 impl WorkloadObject for Job {
     const KIND: WorkloadKind = WorkloadKind::Job;
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
     fn template(&self) -> Option<&PodTemplateSpec> {
         self.spec.as_ref().map(|s| &s.template)
     }
@@ -369,9 +357,6 @@ impl WorkloadObject for Job {
 
 impl WorkloadObject for DaemonSet {
     const KIND: WorkloadKind = WorkloadKind::DaemonSet;
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
     fn template(&self) -> Option<&PodTemplateSpec> {
         self.spec.as_ref().map(|s| &s.template)
     }
@@ -384,9 +369,6 @@ impl WorkloadObject for DaemonSet {
 
 impl WorkloadObject for CronJob {
     const KIND: WorkloadKind = WorkloadKind::CronJob;
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
     fn template(&self) -> Option<&PodTemplateSpec> {
         self.spec
             .as_ref()
