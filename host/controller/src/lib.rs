@@ -4,12 +4,15 @@
 //!   acts only while this replica leads.
 //! - [`gc`]: garbage collection of leaked addresses, driven by pod events and a periodic scan,
 //!   deciding with core's table (`allot_core::gc::decide`).
+//! - [`autopool`]: subnet auto-pools: a pool carved from a Subnet per workload that names it,
+//!   grown and shrunk with the workload, deleted with it.
 //! - [`pools`]: pool lifecycle: status counts derived from the claims, the finalizer that keeps
 //!   a pool with claims from disappearing.
 //! - [`webhook`]: the admission webhooks, served by every replica, with the certificate and the
 //!   webhook configurations the controller keeps itself.
 
 pub mod args;
+pub mod autopool;
 pub mod gc;
 pub mod lease;
 pub mod metrics;

@@ -267,14 +267,9 @@ impl PoolLifecycle {
 }
 
 /// A Subnet's counts: addresses handed to pools of its CIDR (allocated), and addresses it may
-/// hand out (total: its `ips` minus `excludeIPs` minus the gateway).
+/// hand out (total: what pools may be carved from, [`allot_core::Subnet::allocatable`]).
 pub fn subnet_counts(subnet: &allot_core::Subnet, pools: &[&allot_core::Pool]) -> (u64, u64) {
-    let excluded = AddrSet::parse_entries(subnet.family, &subnet.spec.exclude_ips)
-        .unwrap_or_else(|_| AddrSet::empty(subnet.family));
-    let mut own = subnet.ips.difference(&excluded);
-    if let Some(gw) = subnet.spec.gateway.as_deref().and_then(|g| g.parse().ok()) {
-        own.remove(gw);
-    }
+    let own = subnet.allocatable();
     let handed = pools
         .iter()
         .filter(|p| p.subnet == subnet.subnet)

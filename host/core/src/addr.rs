@@ -210,7 +210,14 @@ impl AddrSet {
         (set, errors)
     }
 
-    fn from_ranges(family: IpFamily, mut ranges: Vec<(u128, u128)>) -> Self {
+    /// The sorted, disjoint, non-adjacent inclusive ranges as numbers (for range-level
+    /// algorithms in this crate).
+    pub(crate) fn raw_ranges(&self) -> &[(u128, u128)] {
+        &self.ranges
+    }
+
+    /// A set from inclusive ranges as numbers, in any order, overlapping or not.
+    pub(crate) fn from_ranges(family: IpFamily, mut ranges: Vec<(u128, u128)>) -> Self {
         ranges.sort_unstable();
         let mut merged: Vec<(u128, u128)> = Vec::with_capacity(ranges.len());
         for (lo, hi) in ranges {
@@ -255,14 +262,42 @@ impl AddrSet {
         Self::from_ranges(self.family, ranges)
     }
 
+    /// One sweep over both lists: O(ranges of self + ranges of other).
     pub fn difference(&self, other: &AddrSet) -> AddrSet {
-        let mut out = self.clone();
-        if other.family == self.family {
-            for &(lo, hi) in &other.ranges {
-                out.remove_range(lo, hi);
-            }
+        if other.family != self.family {
+            return self.clone();
         }
-        out
+        let mut ranges = Vec::with_capacity(self.ranges.len());
+        let mut j = 0;
+        for &(lo, hi) in &self.ranges {
+            // Skip what ends before this range; what is left of it starts at `from`.
+            while j < other.ranges.len() && other.ranges[j].1 < lo {
+                j += 1;
+            }
+            let mut from = lo;
+            let mut k = j;
+            let mut consumed = false;
+            while k < other.ranges.len() && other.ranges[k].0 <= hi {
+                let (b_lo, b_hi) = other.ranges[k];
+                if b_lo > from {
+                    ranges.push((from, b_lo - 1));
+                }
+                if b_hi >= hi {
+                    consumed = true;
+                    break;
+                }
+                from = from.max(b_hi + 1);
+                k += 1;
+            }
+            if !consumed {
+                ranges.push((from, hi));
+            }
+            j = k;
+        }
+        AddrSet {
+            family: self.family,
+            ranges,
+        }
     }
 
     pub fn intersection(&self, other: &AddrSet) -> AddrSet {

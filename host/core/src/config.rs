@@ -49,7 +49,7 @@ impl fmt::Display for ObjectKind {
 #[derive(Clone, Debug)]
 pub enum Object {
     Pool(Box<Pool>),
-    Subnet(Subnet),
+    Subnet(Box<Subnet>),
     Reserved(Reserved),
 }
 
@@ -206,7 +206,7 @@ pub fn reconcile(
             }
             Ok((Object::Subnet(s), source)) => {
                 out.subnets
-                    .insert(name.clone(), (s.clone(), source.to_string()));
+                    .insert(name.clone(), ((**s).clone(), source.to_string()));
             }
             Ok((Object::Reserved(r), source)) => {
                 out.reserved

@@ -102,7 +102,7 @@ fn check(kind: ObjectKind, meta: ObjectMeta, spec: serde_yaml::Value) -> Result<
             let spec: SubnetSpec = serde_yaml::from_value(spec)
                 .map_err(|e| invalid(format!("Subnet {name}: spec: {e}")))?;
             Subnet::from_spec(meta, spec)
-                .map(Object::Subnet)
+                .map(|s| Object::Subnet(Box::new(s)))
                 .map_err(|e| invalid(e.to_string()))
         }
         ObjectKind::ReservedIp => {

@@ -4,6 +4,7 @@
 //! it is unit-tested in microseconds and shared by every adapter and binary.
 
 pub mod addr;
+pub mod autopool;
 pub mod block;
 pub mod config;
 pub mod documents;

@@ -11,7 +11,7 @@ use crate::spec::{IpPoolSpec, RouteSpec, SubnetSpec, auto_pool_labels};
 
 pub type Labels = BTreeMap<String, String>;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Application {
     pub kind: String,
     pub namespace: String,

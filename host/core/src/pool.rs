@@ -122,17 +122,7 @@ impl Pool {
     /// `excludeIPs` minus the gateway, and never an IPv4 subnet's network or broadcast address
     /// (below /31), even when `ips` lists them.
     pub fn allocatable(&self) -> AddrSet {
-        let mut set = self.ips.difference(&self.excluded);
-        if let Some(gw) = self.gateway {
-            set.remove(gw);
-        }
-        if let IpNet::V4(net) = self.subnet
-            && net.prefix_len() < 31
-        {
-            set.remove(IpAddr::V4(net.network()));
-            set.remove(IpAddr::V4(net.broadcast()));
-        }
-        set
+        allocatable(&self.subnet, &self.ips, &self.excluded, self.gateway)
     }
 
     pub fn from_spec(meta: ObjectMeta, spec: IpPoolSpec) -> Result<Pool, SpecError> {
@@ -160,6 +150,27 @@ impl Pool {
     }
 }
 
+/// `ips` minus `excluded` minus the gateway, minus an IPv4 subnet's network and broadcast
+/// addresses below /31.
+fn allocatable(
+    subnet: &IpNet,
+    ips: &AddrSet,
+    excluded: &AddrSet,
+    gateway: Option<IpAddr>,
+) -> AddrSet {
+    let mut set = ips.difference(excluded);
+    if let Some(gw) = gateway {
+        set.remove(gw);
+    }
+    if let IpNet::V4(net) = subnet
+        && net.prefix_len() < 31
+    {
+        set.remove(IpAddr::V4(net.network()));
+        set.remove(IpAddr::V4(net.broadcast()));
+    }
+    set
+}
+
 /// A Subnet whose spec has been checked.
 #[derive(Clone, Debug)]
 pub struct Subnet {
@@ -168,6 +179,9 @@ pub struct Subnet {
     pub family: IpFamily,
     pub subnet: IpNet,
     pub ips: AddrSet,
+    pub excluded: AddrSet,
+    pub gateway: Option<IpAddr>,
+    pub routes: Vec<Route>,
 }
 
 impl Subnet {
@@ -188,7 +202,16 @@ impl Subnet {
             family: checked.family,
             subnet: checked.subnet,
             ips: checked.ips,
+            excluded: checked.excluded,
+            gateway: checked.gateway,
+            routes: checked.routes,
         })
+    }
+
+    /// The addresses pools may be carved from: `ips` minus `excludeIPs` minus the gateway, and
+    /// never an IPv4 subnet's network or broadcast address (below /31), as for a pool.
+    pub fn allocatable(&self) -> AddrSet {
+        allocatable(&self.subnet, &self.ips, &self.excluded, self.gateway)
     }
 }
 

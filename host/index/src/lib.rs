@@ -16,6 +16,10 @@
 //! [`ClusterIndex`] holds what the controller knows of the whole cluster (every pod, node,
 //! StatefulSet, allot's Endpoints and pools), for garbage collection and pool lifecycle.
 //!
+//! The controller's [`WorkloadIndex`] holds, for subnet auto-pools, the workloads whose pod
+//! template carries allot's annotations (Deployments, StatefulSets, ReplicaSets and Jobs of their
+//! own, DaemonSets, CronJobs) and the IPPools, Subnets and ReservedIPs that carving reads.
+//!
 //! Every change goes through [`SharedIndex::update`], which counts it and wakes whoever waits
 //! for one (an ADD waiting for its pod to reach the cache). [`feed`] turns a watch stream into
 //! those updates: objects listed after a (re)start replace the kind's contents at once, when
@@ -27,8 +31,10 @@ mod feed;
 mod index;
 pub mod multus;
 mod resources;
+mod workloads;
 
 pub use allot::{PoolObject, ReservedObject, SubnetObject};
 pub use cluster::{ClusterIndex, ClusterKind, EndpointObject, PodEntry};
 pub use feed::{IndexResource, feed};
 pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, Shared, SharedIndex};
+pub use workloads::{PoolEntry, WorkloadEntry, WorkloadIndex, WorkloadKey, WorkloadKind};

@@ -74,6 +74,22 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
             "IPAMAllocation" => serde_yaml::from_value::<IPAMAllocation>(doc.clone())
                 .map_err(|e| e.to_string())
                 .and_then(|a| a.spec.allocation().map(drop).map_err(|e| e.to_string())),
+            // Workloads that ask for auto pools (examples/kubernetes/subnet-auto-pools.yaml).
+            "Deployment" => {
+                serde_yaml::from_value::<k8s_openapi::api::apps::v1::Deployment>(doc.clone())
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }
+            "StatefulSet" => {
+                serde_yaml::from_value::<k8s_openapi::api::apps::v1::StatefulSet>(doc.clone())
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }
+            "CronJob" => {
+                serde_yaml::from_value::<k8s_openapi::api::batch::v1::CronJob>(doc.clone())
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }
             other => Err(format!("unknown kind {other}")),
         };
         if let Err(e) = parsed {
@@ -84,6 +100,8 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
     assert_eq!(
         kinds.into_iter().collect::<Vec<_>>(),
         [
+            "CronJob",
+            "Deployment",
             "Endpoint",
             "IPAMAllocation",
             "IPAMPool",
@@ -91,6 +109,7 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
             "IPPool",
             "Policy",
             "ReservedIP",
+            "StatefulSet",
             "Subnet"
         ]
     );

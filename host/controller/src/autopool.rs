@@ -1,0 +1,197 @@
+//! Subnet auto-pools: a workload whose pod template names Subnets in its `subnet`/`subnets`
+//! annotation gets, per Subnet, an IPPool carved from it, sized with the workload and deleted
+//! with it (see `docs/operations.md`, "Subnet auto-pools").
+//!
+//! [`AutoPools::run`] watches Deployments, StatefulSets, ReplicaSets, Jobs, DaemonSets,
+//! CronJobs, IPPools, Subnets and ReservedIPs into a [`WorkloadIndex`], and, while this replica
+//! leads, runs a reconcile pass whenever what the decisions read changes, every
+//! `--auto-pool-resync-seconds` (claims released since may let a pool shrink), and with backoff
+//! after a pass that could not finish. A pass plans in core and writes here
+//! ([`reconcile`]).
+//!
+//! RBAC: get, list, watch on deployments, statefulsets, replicasets, daemonsets (apps) and jobs,
+//! cronjobs (batch); get, list, watch, create, patch, delete on ippools.allot.dev; get, list,
+//! watch on subnets.allot.dev and reservedips.allot.dev; create, patch on events.k8s.io events;
+//! and what the claim store reads (list, watch on ipblocks.allot.dev).
+
+mod reconcile;
+mod wants;
+
+#[cfg(test)]
+mod api_tests;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_core::store::Store;
+use allot_index::{PoolObject, ReservedObject, Shared, SubnetObject, WorkloadIndex, feed};
+use allot_k8s::{IPPool, ReservedIP, Subnet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::task::JoinSet;
+
+use crate::lease::Leadership;
+
+pub use reconcile::{Outcome, Reconciler, Snapshot};
+pub use wants::wants;
+
+/// The flags of subnet auto-pools.
+#[derive(Clone, Debug, clap::Args)]
+pub struct AutoPoolArgs {
+    /// Create, resize and delete auto pools for workloads that name Subnets
+    /// (`--auto-pools=false` leaves them to someone else).
+    #[arg(long = "auto-pools", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// Reconcile every auto pool at least this often (claims released since may let a pool
+    /// shrink).
+    #[arg(long = "auto-pool-resync-seconds", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub resync_seconds: u64,
+}
+
+impl Default for AutoPoolArgs {
+    fn default() -> Self {
+        AutoPoolArgs {
+            enabled: true,
+            resync_seconds: 60,
+        }
+    }
+}
+
+/// Everything subnet auto-pools need.
+pub struct AutoPools {
+    pub client: kube::Client,
+    /// The claims (which addresses a shrinking pool must keep).
+    pub store: Arc<dyn Store>,
+    pub leadership: Leadership,
+    pub args: AutoPoolArgs,
+    /// This replica's name, on the Events it records.
+    pub instance: String,
+}
+
+/// The first retry after a pass that could not finish; doubled up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Changes that arrive together are one pass.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+impl AutoPools {
+    /// Watches and reconciles until `shutdown` completes.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        if !self.args.enabled {
+            tracing::info!("subnet auto-pools are off (--auto-pools=false)");
+            shutdown.await;
+            return;
+        }
+        let index = Shared::of(WorkloadIndex::new());
+        let _watches = watch(&index, &self.client);
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: "allot-controller".into(),
+                instance: Some(self.instance.clone()),
+            },
+        );
+        let reconciler = Reconciler::new(
+            self.client.clone(),
+            recorder,
+            self.leadership.clone(),
+            self.store.clone(),
+        );
+        let resync = Duration::from_secs(self.args.resync_seconds);
+        tokio::select! {
+            _ = shutdown => {}
+            _ = reconcile_loop(index, reconciler, self.leadership, resync) => {}
+        }
+    }
+}
+
+/// Starts one watch per kind the index follows; they stop when the set is dropped.
+pub fn watch(index: &Arc<Shared<WorkloadIndex>>, client: &kube::Client) -> JoinSet<()> {
+    let config = watcher::Config::default();
+    let mut set = JoinSet::new();
+    macro_rules! typed {
+        ($ty:ty) => {
+            set.spawn(feed(
+                index.clone(),
+                watcher(Api::<$ty>::all(client.clone()), config.clone()).default_backoff(),
+                |o: $ty| o,
+            ));
+        };
+    }
+    typed!(Deployment);
+    typed!(StatefulSet);
+    typed!(ReplicaSet);
+    typed!(Job);
+    typed!(DaemonSet);
+    typed!(CronJob);
+    let dynamic = |r: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &r);
+    set.spawn(feed(
+        index.clone(),
+        watcher(dynamic(ApiResource::erase::<IPPool>(&())), config.clone()).default_backoff(),
+        PoolObject,
+    ));
+    set.spawn(feed(
+        index.clone(),
+        watcher(dynamic(ApiResource::erase::<Subnet>(&())), config.clone()).default_backoff(),
+        SubnetObject,
+    ));
+    set.spawn(feed(
+        index.clone(),
+        watcher(dynamic(ApiResource::erase::<ReservedIP>(&())), config).default_backoff(),
+        ReservedObject,
+    ));
+    set
+}
+
+/// Passes while leading: when the index's generation changes, on every resync, and with
+/// backoff after a pass that could not finish. Never returns.
+pub async fn reconcile_loop(
+    index: Arc<Shared<WorkloadIndex>>,
+    mut reconciler: Reconciler,
+    leadership: Leadership,
+    resync: Duration,
+) {
+    let mut changes = index.changes();
+    let mut leading = leadership.subscribe();
+    let mut done: Option<u64> = None;
+    let mut backoff: Option<Duration> = None;
+    let mut next_resync = tokio::time::Instant::now() + resync;
+    loop {
+        leadership.until_leading().await;
+        let ready = index.read().ready();
+        let generation = index.read().generation();
+        let due = done != Some(generation)
+            || backoff.is_some()
+            || tokio::time::Instant::now() >= next_resync;
+        if ready && due {
+            let snapshot = Snapshot::of(&index.read());
+            let outcome = reconciler.pass(snapshot).await;
+            tracing::debug!(?outcome, "auto-pool pass");
+            done = Some(generation);
+            next_resync = tokio::time::Instant::now() + resync;
+            backoff = outcome
+                .retry
+                .then(|| backoff.map_or(FIRST_BACKOFF, |b| (b * 2).min(MAX_BACKOFF)));
+        } else if !ready {
+            tracing::debug!(unsynced = ?index.read().unsynced(), "waiting for the watches' first lists");
+        }
+        changes.mark_unchanged();
+        leading.mark_unchanged();
+        let wake = match backoff {
+            Some(b) => tokio::time::Instant::now() + b,
+            None => next_resync,
+        };
+        tokio::select! {
+            _ = changes.changed() => tokio::time::sleep(DEBOUNCE).await,
+            _ = leading.changed() => {
+                // Leadership won again: the index may have changed while another replica led.
+                done = None;
+            }
+            _ = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! Subnet auto-pools end to end against the in-memory API server (`tests/apiserver`): the
+//! controller's watches, its passes and its writes, claims in the Kubernetes store's IPBlocks on
+//! the same server. A Deployment scaled 2 → 5 → 1 and deleted, with claims on some of its
+//! addresses; a second Deployment from the same Subnet never overlapping it; the default policy
+//! (the embedded component) choosing the pool the controller created.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_controller::autopool::{AutoPoolArgs, AutoPools};
+use allot_controller::lease::Leadership;
+use allot_core::policy::{
+    CniDefaults, Inventory, NamespaceInfo, Nic, NodeInfo, Owner, PodInfo, Policy, Request,
+};
+use allot_core::store::{Store, system_clock};
+use allot_core::{AddrSet, IpFamily, Pool, Subnet};
+use allot_k8s::{IPPool, Subnet as SubnetObject};
+use allot_policy::{Limits, PolicyEngine, PolicySource};
+use allot_store::contract::{attachment, claim, pod};
+use allot_store::{KubeConfig, KubeStore};
+use allot_test_apiserver::ApiServer;
+use serde_json::{Value, json};
+
+const SUBNET_ANNOTATION: &str = r#"{"ipv4":["subnet-a"]}"#;
+
+fn deployment(name: &str, replicas: i64) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"namespace": "team-a", "name": name, "uid": format!("uid-{name}")},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": {
+            "metadata": {"labels": {"app": name},
+                         "annotations": {"ipam.allot.dev/subnet": SUBNET_ANNOTATION}},
+            "spec": {"containers": [{"name": "app", "image": "app"}]}}},
+    })
+}
+
+/// The auto pools on the server, by workload name: (pool name, addresses).
+fn auto_pools(server: &ApiServer) -> Vec<(String, String, AddrSet)> {
+    server
+        .objects("ippools")
+        .into_iter()
+        .filter_map(|p| {
+            let owner = p["metadata"]["labels"]["ipam.allot.dev/owner-application-name"]
+                .as_str()?
+                .to_string();
+            let ips: Vec<String> = serde_json::from_value(p["spec"]["ips"].clone()).ok()?;
+            Some((
+                owner,
+                p["metadata"]["name"].as_str()?.to_string(),
+                AddrSet::parse_entries(IpFamily::V4, &ips).ok()?,
+            ))
+        })
+        .collect()
+}
+
+fn pool_of(server: &ApiServer, owner: &str) -> Option<(String, AddrSet)> {
+    auto_pools(server)
+        .into_iter()
+        .find(|(o, _, _)| o == owner)
+        .map(|(_, name, ips)| (name, ips))
+}
+
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn no_overlap(server: &ApiServer) {
+    let pools = auto_pools(server);
+    for (i, (a, _, x)) in pools.iter().enumerate() {
+        for (b, _, y) in &pools[i + 1..] {
+            assert!(!x.overlaps(y), "{a} and {b} overlap: {x:?} {y:?}");
+        }
+    }
+}
+
+/// What the embedded default policy chooses for a pod of Deployment `owner`, from the pools
+/// and Subnets on the server.
+fn chosen_by_default_policy(server: &ApiServer, owner: &str) -> Option<String> {
+    let pools: Vec<Pool> = server
+        .objects("ippools")
+        .into_iter()
+        .map(|o| Pool::try_from(&serde_json::from_value::<IPPool>(o).unwrap()).unwrap())
+        .collect();
+    let subnets: Vec<Subnet> = server
+        .objects("subnets")
+        .into_iter()
+        .map(|o| Subnet::try_from(&serde_json::from_value::<SubnetObject>(o).unwrap()).unwrap())
+        .collect();
+    let inventory = Arc::new(Inventory::build(1, &pools, &subnets, &[]));
+    let request = Request {
+        pod: PodInfo {
+            namespace: "team-a".into(),
+            name: format!("{owner}-5d8f-x2x7q"),
+            uid: "uid-pod".into(),
+            annotations: [(
+                "ipam.allot.dev/subnet".to_string(),
+                SUBNET_ANNOTATION.to_string(),
+            )]
+            .into(),
+            owner: Some(Owner {
+                kind: "Deployment".into(),
+                name: owner.into(),
+            }),
+            ..PodInfo::default()
+        },
+        namespace: NamespaceInfo {
+            name: "team-a".into(),
+            ..NamespaceInfo::default()
+        },
+        node: NodeInfo {
+            name: "node-1".into(),
+            ..NodeInfo::default()
+        },
+        nics: vec![Nic {
+            interface: "eth0".into(),
+            multus_name: String::new(),
+        }],
+        cni_defaults: CniDefaults::default(),
+        free_counts: inventory.pools.iter().map(|p| p.total_count).collect(),
+    };
+    let engine = PolicyEngine::new(Limits::default(), None).unwrap();
+    let policy = engine.load(&PolicySource::embedded_default()).unwrap();
+    let decision = policy.decide(&inventory, &request).unwrap();
+    let family = decision.nics[0].families.first()?;
+    let index = *family.order.first()?;
+    Some(inventory.pools[index as usize].name.clone())
+}
+
+#[test]
+fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
+    let server = ApiServer::new();
+    server.insert(
+        "subnets",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Subnet",
+               "metadata": {"name": "subnet-a"},
+               "spec": {"subnet": "10.20.0.0/24", "ips": ["10.20.0.10-10.20.0.40"],
+                        "excludeIPs": ["10.20.0.20"], "gateway": "10.20.0.1"}}),
+    );
+    // A pool made by hand inside the Subnet: never carved from.
+    server.insert(
+        "ippools",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
+               "metadata": {"name": "manual"},
+               "spec": {"subnet": "10.20.0.0/24", "ips": ["10.20.0.10-10.20.0.12"]}}),
+    );
+    server.insert("deployments", deployment("web", 2));
+    server.insert("deployments", deployment("api", 3));
+
+    let store_server = server.clone();
+    let store: Arc<dyn Store> = Arc::new(
+        KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
+            Ok(store_server.client())
+        })
+        .unwrap(),
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let controller = {
+        let _guard = runtime.enter();
+        let auto_pools = AutoPools {
+            client: server.client(),
+            store: store.clone(),
+            leadership: Leadership::always(),
+            args: AutoPoolArgs {
+                enabled: true,
+                resync_seconds: 1,
+            },
+            instance: "controller-0".into(),
+        };
+        runtime.spawn(auto_pools.run(async {
+            let _ = stopped.await;
+        }))
+    };
+
+    // 2 replicas + 1, 3 replicas + 1.
+    let (web_pool, web) = eventually("web's pool", || {
+        pool_of(&server, "web").filter(|(_, ips)| ips.len() == 3)
+    });
+    eventually("api's pool", || {
+        pool_of(&server, "api").filter(|(_, ips)| ips.len() == 4)
+    });
+    no_overlap(&server);
+    let manual = AddrSet::parse_entries(IpFamily::V4, &["10.20.0.10-10.20.0.12"]).unwrap();
+    for (_, _, ips) in auto_pools(&server) {
+        assert!(!ips.overlaps(&manual));
+        assert!(!ips.contains("10.20.0.20".parse().unwrap()), "excluded");
+    }
+    assert_eq!(
+        chosen_by_default_policy(&server, "web").as_deref(),
+        Some(web_pool.as_str())
+    );
+
+    // Two of web's addresses are claimed by its pods.
+    let claimed: Vec<IpAddr> = web.iter().take(2).collect();
+    let claims: Vec<_> = claimed
+        .iter()
+        .enumerate()
+        .map(|(n, a)| {
+            claim(
+                &a.to_string(),
+                &web_pool,
+                Some(&attachment(&format!("c{n}"), "eth0")),
+                &pod("team-a", &format!("web-{n}"), &format!("u{n}")),
+                1,
+            )
+        })
+        .collect();
+    store.claim(&claims).unwrap();
+
+    // Scaled to 5: 6 addresses, keeping the 3 it had.
+    server.edit("deployments", deployment("web", 5));
+    let grown = eventually("web grown to 6", || {
+        pool_of(&server, "web").and_then(|(_, ips)| (ips.len() == 6).then_some(ips))
+    });
+    assert!(web.is_subset(&grown));
+    no_overlap(&server);
+
+    // Scaled to 1: 2 addresses, exactly the claimed ones.
+    server.edit("deployments", deployment("web", 1));
+    let shrunk = eventually("web shrunk to 2", || {
+        pool_of(&server, "web").and_then(|(_, ips)| (ips.len() == 2).then_some(ips))
+    });
+    let expected: BTreeSet<IpAddr> = claimed.iter().copied().collect();
+    assert_eq!(shrunk.iter().collect::<BTreeSet<_>>(), expected);
+
+    // Scaled to 0 it still keeps what is claimed.
+    server.edit("deployments", deployment("web", 0));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(pool_of(&server, "web").unwrap().1.len(), 2);
+
+    // Deleted: its pool goes; api's stays.
+    assert!(server.remove("apps/v1", "deployments", Some("team-a"), "web"));
+    eventually("web's pool deleted", || {
+        pool_of(&server, "web").is_none().then_some(())
+    });
+    assert_eq!(pool_of(&server, "api").unwrap().1.len(), 4);
+    assert!(
+        server
+            .objects("ippools")
+            .iter()
+            .any(|p| p["metadata"]["name"] == "manual")
+    );
+
+    let _ = stop.send(());
+    runtime.block_on(controller).unwrap();
+    drop(runtime);
+}
+
+/// examples/kubernetes/subnet-auto-pools.yaml asks for what its comments say, with the
+/// Subnets of the examples.
+#[test]
+fn the_example_workloads_get_the_pools_their_comments_describe() {
+    use allot_controller::autopool::Snapshot;
+    use allot_core::autopool::Action;
+    use allot_index::{IndexResource, PoolObject, ReservedObject, SubnetObject, WorkloadIndex};
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+    use k8s_openapi::api::batch::v1::{CronJob, Job};
+    use kube::api::DynamicObject;
+    use serde::Deserialize;
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kubernetes");
+    let mut docs = Vec::new();
+    for file in ["pools.yaml", "subnet-auto-pools.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            docs.push(serde_json::to_value(serde_yaml::Value::deserialize(doc).unwrap()).unwrap());
+        }
+    }
+    let of = |kind: &'static str| docs.iter().filter(move |d| d["kind"] == kind).cloned();
+    let dynamic = |d: Value| serde_json::from_value::<DynamicObject>(d).unwrap();
+    let mut i = WorkloadIndex::new();
+    i.reset(
+        of("Deployment")
+            .map(|d| serde_json::from_value::<Deployment>(d).unwrap())
+            .collect(),
+    );
+    i.reset(
+        of("StatefulSet")
+            .map(|d| serde_json::from_value::<StatefulSet>(d).unwrap())
+            .collect(),
+    );
+    i.reset(
+        of("CronJob")
+            .map(|d| serde_json::from_value::<CronJob>(d).unwrap())
+            .collect(),
+    );
+    i.reset(Vec::<ReplicaSet>::new());
+    i.reset(Vec::<Job>::new());
+    i.reset(Vec::<DaemonSet>::new());
+    i.reset(of("IPPool").map(|d| PoolObject(dynamic(d))).collect());
+    i.reset(of("Subnet").map(|d| SubnetObject(dynamic(d))).collect());
+    i.reset(
+        of("ReservedIP")
+            .map(|d| ReservedObject(dynamic(d)))
+            .collect(),
+    );
+    let mut created: Vec<(String, String, Vec<String>)> = Snapshot::of(&i)
+        .dry_run()
+        .into_iter()
+        .map(|a| match a {
+            Action::Create {
+                app, labels, spec, ..
+            } => (
+                app.name,
+                labels["ipam.allot.dev/owner-subnet"].clone(),
+                spec.ips,
+            ),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    created.sort();
+    let size = |ips: &[String], family| AddrSet::parse_entries(family, ips).unwrap().len();
+    let sizes: Vec<(&str, &str, u64)> = created
+        .iter()
+        .map(|(app, subnet, ips)| {
+            let family = if subnet.ends_with("v6") {
+                IpFamily::V6
+            } else {
+                IpFamily::V4
+            };
+            (app.as_str(), subnet.as_str(), size(ips, family))
+        })
+        .collect();
+    assert_eq!(
+        sizes,
+        [
+            ("db", "apps-v4", 6),
+            ("report", "apps-v4", 4),
+            ("web", "apps-v4", 5),
+            ("web", "apps-v6", 5),
+        ]
+    );
+    let web_v4 = created
+        .iter()
+        .find(|c| c.0 == "web" && c.1 == "apps-v4")
+        .unwrap();
+    assert_eq!(web_v4.2, ["10.50.1.4-10.50.1.8"], "the example's comment");
+}

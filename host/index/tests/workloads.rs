@@ -1,0 +1,395 @@
+//! The controller's workload index, fed object by object as the watches would feed it.
+
+use allot_core::IpFamily;
+use allot_index::{
+    IndexResource, PoolObject, ReservedObject, Shared, SubnetObject, WorkloadIndex, WorkloadKind,
+    feed,
+};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use kube::api::DynamicObject;
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+const SUBNET: &str = r#"{"ipv4":["subnet-a"]}"#;
+
+fn template(annotations: Value) -> Value {
+    json!({"metadata": {"annotations": annotations}, "spec": {"containers": []}})
+}
+
+fn meta(name: &str, uid: &str) -> Value {
+    json!({"namespace": "team-a", "name": name, "uid": uid})
+}
+
+fn deployment(name: &str, replicas: Option<i32>, annotations: Value) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": meta(name, &format!("uid-{name}")),
+        "spec": {"replicas": replicas, "selector": {}, "template": template(annotations)},
+    }))
+    .unwrap()
+}
+
+fn ours() -> Value {
+    json!({"ipam.allot.dev/subnet": SUBNET, "ipam.spidernet.io/ippool-ip-number": "+2",
+           "prometheus.io/scrape": "true"})
+}
+
+fn with_owner(mut v: Value, kind: &str) -> Value {
+    v["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": kind, "name": "top", "uid": "u", "controller": true}]);
+    v
+}
+
+fn replicaset(name: &str, owner: Option<&str>) -> ReplicaSet {
+    let v = json!({
+        "metadata": meta(name, name),
+        "spec": {"replicas": 3, "selector": {}, "template": template(ours())},
+    });
+    serde_json::from_value(match owner {
+        Some(kind) => with_owner(v, kind),
+        None => v,
+    })
+    .unwrap()
+}
+
+fn job_spec(parallelism: Option<i32>, completions: Option<i32>) -> Value {
+    json!({"parallelism": parallelism, "completions": completions, "template": template(ours())})
+}
+
+fn job(name: &str, parallelism: Option<i32>, completions: Option<i32>, owner: Option<&str>) -> Job {
+    let v = json!({"metadata": meta(name, name), "spec": job_spec(parallelism, completions)});
+    serde_json::from_value(match owner {
+        Some(kind) => with_owner(v, kind),
+        None => v,
+    })
+    .unwrap()
+}
+
+fn dynamic(kind: &str, name: &str, rv: &str, labels: Value, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "allot.dev/v1alpha1", "kind": kind,
+        "metadata": {"name": name, "resourceVersion": rv, "uid": name, "labels": labels},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn listed() -> WorkloadIndex {
+    let mut i = WorkloadIndex::new();
+    i.reset(Vec::<Deployment>::new());
+    i.reset(Vec::<StatefulSet>::new());
+    i.reset(Vec::<ReplicaSet>::new());
+    i.reset(Vec::<Job>::new());
+    i.reset(Vec::<DaemonSet>::new());
+    i.reset(Vec::<CronJob>::new());
+    i.reset(Vec::<PoolObject>::new());
+    i.reset(Vec::<SubnetObject>::new());
+    i.reset(Vec::<ReservedObject>::new());
+    i
+}
+
+#[test]
+fn only_workloads_with_allot_or_spiderpool_annotations_are_kept() {
+    let mut i = listed();
+    i.apply(deployment("web", None, ours()));
+    i.apply(deployment(
+        "plain",
+        Some(4),
+        json!({"prometheus.io/scrape": "true"}),
+    ));
+    let w = i
+        .workload(WorkloadKind::Deployment, "team-a", "web")
+        .unwrap();
+    assert_eq!(w.replicas, 1, "spec.replicas defaults to 1");
+    assert_eq!(w.uid, "uid-web");
+    assert_eq!(w.annotations.len(), 2, "{:?}", w.annotations);
+    assert_eq!(w.annotations["ipam.allot.dev/subnet"], SUBNET);
+    assert!(
+        i.workload(WorkloadKind::Deployment, "team-a", "plain")
+            .is_none()
+    );
+    // The annotation removed: the workload leaves the index (its pools are then unnamed).
+    let before = i.generation();
+    i.apply(deployment("web", None, json!({})));
+    assert!(
+        i.workload(WorkloadKind::Deployment, "team-a", "web")
+            .is_none()
+    );
+    assert!(i.generation() > before);
+}
+
+#[test]
+fn replicasets_and_jobs_run_by_a_controller_are_not_workloads_of_their_own() {
+    let mut i = listed();
+    i.apply(replicaset("web-5d8f", Some("Deployment")));
+    i.apply(replicaset("bare", None));
+    i.apply(job("nightly-123", Some(2), None, Some("CronJob")));
+    i.apply(job("once", Some(4), Some(3), None));
+    assert!(
+        i.workload(WorkloadKind::ReplicaSet, "team-a", "web-5d8f")
+            .is_none()
+    );
+    assert_eq!(
+        i.workload(WorkloadKind::ReplicaSet, "team-a", "bare")
+            .unwrap()
+            .replicas,
+        3
+    );
+    assert!(
+        i.workload(WorkloadKind::Job, "team-a", "nightly-123")
+            .is_none()
+    );
+    // Parallelism 4, but never more pods than completions.
+    assert_eq!(
+        i.workload(WorkloadKind::Job, "team-a", "once")
+            .unwrap()
+            .replicas,
+        3
+    );
+    i.apply(job("defaults", None, None, None));
+    assert_eq!(
+        i.workload(WorkloadKind::Job, "team-a", "defaults")
+            .unwrap()
+            .replicas,
+        1
+    );
+}
+
+#[test]
+fn daemonsets_count_scheduled_nodes_and_cronjobs_their_job_template() {
+    let mut i = listed();
+    let ds = |status: Value| -> DaemonSet {
+        serde_json::from_value(json!({
+            "metadata": meta("agent", "uid-ds"),
+            "spec": {"selector": {}, "template": template(ours())},
+            "status": status,
+        }))
+        .unwrap()
+    };
+    i.apply(ds(Value::Null));
+    assert_eq!(
+        i.workload(WorkloadKind::DaemonSet, "team-a", "agent")
+            .unwrap()
+            .replicas,
+        0
+    );
+    i.apply(ds(
+        json!({"currentNumberScheduled": 0, "desiredNumberScheduled": 7,
+                      "numberMisscheduled": 0, "numberReady": 0}),
+    ));
+    assert_eq!(
+        i.workload(WorkloadKind::DaemonSet, "team-a", "agent")
+            .unwrap()
+            .replicas,
+        7
+    );
+    let cron: CronJob = serde_json::from_value(json!({
+        "metadata": meta("nightly", "uid-cj"),
+        "spec": {"schedule": "0 1 * * *", "jobTemplate": {"spec": job_spec(Some(5), None)}},
+    }))
+    .unwrap();
+    i.apply(cron);
+    assert_eq!(
+        i.workload(WorkloadKind::CronJob, "team-a", "nightly")
+            .unwrap()
+            .replicas,
+        5
+    );
+}
+
+#[test]
+fn deletion_is_seen_and_a_late_deletion_of_an_older_object_is_ignored() {
+    let mut i = listed();
+    let mut sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": meta("db", "uid-new"),
+        "spec": {"replicas": 2, "serviceName": "db", "selector": {}, "template": template(ours())},
+    }))
+    .unwrap();
+    i.apply(sts.clone());
+    let mut old = sts.clone();
+    old.metadata.uid = Some("uid-old".into());
+    i.delete(old);
+    assert!(
+        i.workload(WorkloadKind::StatefulSet, "team-a", "db")
+            .is_some()
+    );
+    sts.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-01-01T00:00:00Z".parse().unwrap(),
+    ));
+    i.apply(sts.clone());
+    assert!(
+        i.workload(WorkloadKind::StatefulSet, "team-a", "db")
+            .unwrap()
+            .deleting
+    );
+    i.delete(sts);
+    assert!(
+        i.workload(WorkloadKind::StatefulSet, "team-a", "db")
+            .is_none()
+    );
+}
+
+#[test]
+fn the_generation_ignores_what_the_decisions_do_not_read() {
+    let mut i = listed();
+    let mut d = deployment("web", Some(2), ours());
+    i.apply(d.clone());
+    let g = i.generation();
+    d.status = Some(serde_json::from_value(json!({"readyReplicas": 1})).unwrap());
+    d.metadata.resource_version = Some("99".into());
+    i.apply(d.clone());
+    assert_eq!(i.generation(), g, "a rollout's progress is not a change");
+    d.spec.as_mut().unwrap().replicas = Some(5);
+    i.apply(d);
+    assert!(i.generation() > g);
+
+    let spec = json!({"subnet": "10.10.0.0/24", "ips": ["10.10.0.5-10.10.0.7"]});
+    i.apply(PoolObject(dynamic(
+        "IPPool",
+        "p",
+        "1",
+        json!({}),
+        spec.clone(),
+    )));
+    let g = i.generation();
+    let mut status_only = dynamic("IPPool", "p", "2", json!({}), spec);
+    status_only.data["status"] = json!({"allocatedIPCount": 1});
+    i.apply(PoolObject(status_only));
+    assert_eq!(i.generation(), g, "a status write is not a change");
+    assert_eq!(
+        i.pool("p").unwrap().resource_version,
+        "2",
+        "but the version is current"
+    );
+}
+
+#[test]
+fn pools_subnets_and_reservations_are_checked_one_by_one() {
+    let mut i = listed();
+    i.apply(PoolObject(dynamic(
+        "IPPool",
+        "good",
+        "3",
+        json!({"team": "a"}),
+        json!({"subnet": "10.10.0.0/24", "ips": ["10.10.0.5-10.10.0.7"]}),
+    )));
+    // Invalid (gateway outside its subnet), but what it lists is still read.
+    i.apply(PoolObject(dynamic(
+        "IPPool",
+        "bad",
+        "4",
+        json!({}),
+        json!({"subnet": "10.10.0.0/24", "ips": ["10.10.0.20"], "gateway": "10.99.0.1"}),
+    )));
+    let good = i.pool("good").unwrap();
+    assert_eq!(good.resource_version, "3");
+    assert_eq!(good.labels["team"], "a");
+    assert_eq!(good.addresses.as_ref().unwrap().len(), 3);
+    assert!(good.spec.is_ok());
+    let bad = i.pool("bad").unwrap();
+    assert!(
+        bad.spec.as_ref().unwrap_err().contains("gateway"),
+        "{:?}",
+        bad.spec
+    );
+    assert_eq!(bad.addresses.as_ref().unwrap().to_entries(), ["10.10.0.20"]);
+
+    i.apply(SubnetObject(dynamic(
+        "Subnet",
+        "s",
+        "5",
+        json!({}),
+        json!({"subnet": "10.10.0.0/24"}),
+    )));
+    i.apply(SubnetObject(dynamic(
+        "Subnet",
+        "broken",
+        "6",
+        json!({}),
+        json!({"subnet": "nope"}),
+    )));
+    let subnets = i.subnets();
+    assert!(subnets["s"].is_ok());
+    assert!(subnets["broken"].as_ref().unwrap_err().contains("nope"));
+
+    i.apply(ReservedObject(dynamic(
+        "ReservedIP",
+        "r",
+        "7",
+        json!({}),
+        json!({"ips": ["10.10.0.1", "10.10.0.x"]}),
+    )));
+    assert_eq!(
+        i.reserved(IpFamily::V4).to_entries(),
+        ["10.10.0.1"],
+        "the readable entry reserves"
+    );
+    let mut going = dynamic(
+        "ReservedIP",
+        "r",
+        "8",
+        json!({}),
+        json!({"ips": ["10.10.0.1"]}),
+    );
+    going.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-01-01T00:00:00Z".parse().unwrap(),
+    ));
+    i.apply(ReservedObject(going));
+    assert!(
+        i.reserved(IpFamily::V4).is_empty(),
+        "a terminating ReservedIP no longer reserves"
+    );
+}
+
+#[test]
+fn ready_only_once_every_kind_is_listed() {
+    let mut i = WorkloadIndex::new();
+    assert!(!i.ready());
+    i.reset(Vec::<Deployment>::new());
+    assert_eq!(i.unsynced().len(), 8);
+    let mut all = listed();
+    assert!(all.ready());
+    all.apply(deployment("web", None, ours()));
+    all.apply(replicaset("bare", None));
+    // A relist of Deployments replaces only Deployments.
+    all.reset(Vec::<Deployment>::new());
+    assert!(
+        all.workload(WorkloadKind::Deployment, "team-a", "web")
+            .is_none()
+    );
+    assert!(
+        all.workload(WorkloadKind::ReplicaSet, "team-a", "bare")
+            .is_some()
+    );
+    i.reset(vec![deployment("web", None, ours())]);
+    assert_eq!(i.workloads().count(), 1);
+}
+
+#[tokio::test]
+async fn a_watch_stream_feeds_the_shared_index() {
+    let index = Shared::of(WorkloadIndex::new());
+    let events = vec![
+        Ok(watcher::Event::Init),
+        Ok(watcher::Event::InitApply(deployment("a", Some(2), ours()))),
+        Ok(watcher::Event::InitDone),
+        Ok(watcher::Event::Apply(deployment("b", Some(3), ours()))),
+        Ok(watcher::Event::Delete(deployment("a", Some(2), ours()))),
+    ];
+    feed(
+        index.clone(),
+        futures::stream::iter(events),
+        |d: Deployment| d,
+    )
+    .await;
+    let i = index.read();
+    assert!(i.is_synced(WorkloadKind::Deployment));
+    assert!(
+        i.workload(WorkloadKind::Deployment, "team-a", "a")
+            .is_none()
+    );
+    assert_eq!(
+        i.workload(WorkloadKind::Deployment, "team-a", "b")
+            .unwrap()
+            .replicas,
+        3
+    );
+}
