@@ -49,8 +49,16 @@ pub struct ControllerArgs {
     /// interval) and pool finalizers checked.
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     pub status_interval_seconds: u64,
+    /// Delete the webhook configurations this controller made, and exit (for an uninstall
+    /// hook: configurations that fail closed must not outlive the controller).
+    #[arg(long)]
+    pub remove_webhook_configurations: bool,
     #[command(flatten)]
     pub gc: GcArgs,
+    #[command(flatten)]
+    pub webhook: crate::webhook::WebhookArgs,
+    #[command(flatten)]
+    pub auto_pools: crate::autopool::AutoPoolArgs,
 }
 
 /// The GC decision table's settings, shared by `allot-controller` and `allotctl gc`.

@@ -111,6 +111,9 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
     tracing::info!(%bound, "serving /metrics, /healthz, /readyz");
 
     let client = allot_store::kube_client(args.kubeconfig.as_deref()).await?;
+    if args.remove_webhook_configurations {
+        return crate::webhook::remove_configurations(client, &args.webhook).await;
+    }
     let kubeconfig = args.kubeconfig.clone();
     let store: Arc<dyn Store> = tokio::task::spawn_blocking(move || {
         KubeStore::connect(&KubeConfig {
@@ -157,6 +160,25 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         stopped(stop_rx.clone()),
     ));
 
+    let mut webhook = {
+        let (client, store, leadership) = (client.clone(), store.clone(), leadership.clone());
+        let (webhook_args, namespace) = (args.webhook.clone(), args.namespace.clone());
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            crate::webhook::run(client, &webhook_args, &namespace, store, leadership, stop).await
+        })
+    };
+    let auto_pools = tokio::spawn(
+        crate::autopool::AutoPools {
+            client: client.clone(),
+            store: store.clone(),
+            leadership: leadership.clone(),
+            args: args.auto_pools.clone(),
+            instance: identity.clone(),
+        }
+        .run(stopped(stop_rx.clone())),
+    );
+
     // Ready once the index has listed what GC and pool lifecycle read.
     let readiness = {
         let index = index.clone();
@@ -172,7 +194,20 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         })
     };
 
-    shutdown_signal().await;
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        served = &mut webhook => {
+            // The webhook could not start (its port taken, no Secret access): nothing would
+            // answer the API server, so the replica must not look healthy.
+            let why = match served {
+                Ok(Ok(())) => anyhow::anyhow!("the webhook server stopped"),
+                Ok(Err(e)) => e,
+                Err(e) => anyhow::anyhow!("the webhook server failed: {e}"),
+            };
+            let _ = stop_tx.send(true);
+            return Err(why.context("cannot serve the admission webhooks"));
+        }
+    }
     tracing::info!("stopping: giving the lease up");
     let _ = stop_tx.send(true);
     readiness.abort();
@@ -180,6 +215,8 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         let _ = election.await;
         let _ = gc.await;
         let _ = pools.await;
+        let _ = auto_pools.await;
+        let _ = webhook.await;
     })
     .await;
     Ok(())

@@ -11,8 +11,8 @@
 //! machine cannot run them (not root, or containernetworking-plugins missing).
 
 pub mod fleet;
-pub mod registry;
 pub mod probe;
+pub mod registry;
 
 use std::fmt;
 use std::fs::{self, File};
