@@ -251,14 +251,20 @@ mod tests {
                 ("SPIDERPOOL_GC_IP_ENABLED", "false"),
                 ("SPIDERPOOL_GC_ADDITIONAL_GRACE_DELAY", "15"),
                 ("SPIDERPOOL_GC_DEFAULT_INTERVAL_DURATION", "900"),
-                ("SPIDERPOOL_GC_ENABLE_STATELESS_RUNNING_POD_ON_EMPTY_POD_STATUS_IPS", "TRUE"),
+                (
+                    "SPIDERPOOL_GC_ENABLE_STATELESS_RUNNING_POD_ON_EMPTY_POD_STATUS_IPS",
+                    "TRUE",
+                ),
             ],
         )
         .unwrap();
         assert!(!args.gc.gc_enabled);
         assert_eq!(args.gc.gc_additional_grace_delay, 15);
         assert!(args.gc.gc_running_on_empty_pod_ips);
-        assert_eq!(args.gc.gc_interval, 30, "the flag given wins over Spiderpool's variable");
+        assert_eq!(
+            args.gc.gc_interval, 30,
+            "the flag given wins over Spiderpool's variable"
+        );
     }
 
     #[test]
@@ -267,7 +273,10 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(err.contains("SPIDERPOOL_GC_ADDITIONAL_GRACE_DELAY"), "{err}");
+        assert!(
+            err.contains("SPIDERPOOL_GC_ADDITIONAL_GRACE_DELAY"),
+            "{err}"
+        );
         assert!(err.contains("whole seconds"), "{err}");
     }
 }

@@ -57,7 +57,11 @@ async fn a_leak_confirmed_by_a_404_is_released_and_reported_on_its_pool() {
     let mut gc = s.gc.take().unwrap();
     let scan = tokio::spawn(async move { gc.scan().await.unwrap() });
     let (_, send) = s.api.expect("GET", &format!("{PODS}/web-1")).await;
-    answer(send, 404, refusal(404, "NotFound", "pods \"web-1\" not found"));
+    answer(
+        send,
+        404,
+        refusal(404, "NotFound", "pods \"web-1\" not found"),
+    );
     let (event, send) = s.api.expect("POST", EVENTS).await;
     assert_eq!(event["regarding"]["kind"], "IPPool");
     assert_eq!(event["regarding"]["name"], "p");
@@ -73,7 +77,14 @@ async fn a_leak_confirmed_by_a_404_is_released_and_reported_on_its_pool() {
 
 #[tokio::test]
 async fn a_leak_the_fresh_read_shows_in_use_is_kept_and_nothing_is_written() {
-    let mut s = due(vec![claim("10.0.0.1", "team-a", "web-1", "uid-team-a-web-1", T0 - 3600)]).await;
+    let mut s = due(vec![claim(
+        "10.0.0.1",
+        "team-a",
+        "web-1",
+        "uid-team-a-web-1",
+        T0 - 3600,
+    )])
+    .await;
     let mut gc = s.gc.take().unwrap();
     let scan = tokio::spawn(async move { gc.scan().await.unwrap() });
     let (_, send) = s.api.expect("GET", &format!("{PODS}/web-1")).await;
@@ -95,7 +106,11 @@ async fn a_statefulset_pods_leak_reads_its_set_too() {
     let mut gc = s.gc.take().unwrap();
     let scan = tokio::spawn(async move { (gc.scan().await.unwrap(), gc) });
     let (_, send) = s.api.expect("GET", &format!("{PODS}/db-0")).await;
-    answer(send, 404, refusal(404, "NotFound", "pods \"db-0\" not found"));
+    answer(
+        send,
+        404,
+        refusal(404, "NotFound", "pods \"db-0\" not found"),
+    );
     let (_, send) = s
         .api
         .expect("GET", "/apis/apps/v1/namespaces/team-a/statefulsets/db")
@@ -111,14 +126,28 @@ async fn a_statefulset_pods_leak_reads_its_set_too() {
     s.clock.advance(60);
     let scan = tokio::spawn(async move { gc.scan().await.unwrap() });
     let (_, send) = s.api.expect("GET", &format!("{PODS}/db-0")).await;
-    answer(send, 404, refusal(404, "NotFound", "pods \"db-0\" not found"));
+    answer(
+        send,
+        404,
+        refusal(404, "NotFound", "pods \"db-0\" not found"),
+    );
     let (_, send) = s
         .api
         .expect("GET", "/apis/apps/v1/namespaces/team-a/statefulsets/db")
         .await;
-    answer(send, 404, refusal(404, "NotFound", "statefulsets \"db\" not found"));
+    answer(
+        send,
+        404,
+        refusal(404, "NotFound", "statefulsets \"db\" not found"),
+    );
     let (event, send) = s.api.expect("POST", EVENTS).await;
-    assert!(event["note"].as_str().unwrap().contains("1 statefulset-gone"), "{event}");
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .contains("1 statefulset-gone"),
+        "{event}"
+    );
     answer(send, 201, event);
     let pass = scan.await.unwrap();
     assert_eq!(pass.released[0].1, LeakReason::StatefulSetGone);
@@ -130,7 +159,11 @@ async fn a_read_that_fails_decides_nothing() {
     let mut gc = s.gc.take().unwrap();
     let scan = tokio::spawn(async move { (gc.scan().await.unwrap(), gc) });
     let (_, send) = s.api.expect("GET", &format!("{PODS}/web-1")).await;
-    answer(send, 403, refusal(403, "Forbidden", "pods \"web-1\" is forbidden"));
+    answer(
+        send,
+        403,
+        refusal(403, "Forbidden", "pods \"web-1\" is forbidden"),
+    );
     s.api.expect_nothing(Duration::from_millis(200)).await;
     let (pass, mut gc) = scan.await.unwrap();
     assert!(pass.released.is_empty());
@@ -138,7 +171,11 @@ async fn a_read_that_fails_decides_nothing() {
     // Still a suspect: the next scan reads again (and releases when the read succeeds).
     let scan = tokio::spawn(async move { gc.scan().await.unwrap() });
     let (_, send) = s.api.expect("GET", &format!("{PODS}/web-1")).await;
-    answer(send, 404, refusal(404, "NotFound", "pods \"web-1\" not found"));
+    answer(
+        send,
+        404,
+        refusal(404, "NotFound", "pods \"web-1\" not found"),
+    );
     let (event, send) = s.api.expect("POST", EVENTS).await;
     answer(send, 201, event);
     assert_eq!(scan.await.unwrap().released.len(), 1);
@@ -146,7 +183,14 @@ async fn a_read_that_fails_decides_nothing() {
 
 #[tokio::test]
 async fn a_finished_pod_is_told_on_the_pod_itself() {
-    let mut s = due(vec![claim("10.0.0.1", "team-a", "job-1", "uid-team-a-job-1", T0 - 3600)]).await;
+    let mut s = due(vec![claim(
+        "10.0.0.1",
+        "team-a",
+        "job-1",
+        "uid-team-a-job-1",
+        T0 - 3600,
+    )])
+    .await;
     let mut gc = s.gc.take().unwrap();
     let scan = tokio::spawn(async move { gc.scan().await.unwrap() });
     let mut finished = pod_json("team-a", "job-1", "node-1");

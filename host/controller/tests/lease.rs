@@ -61,7 +61,10 @@ impl Replica {
 async fn until(what: &str, f: impl Fn() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(10), "{what}: not within 10 s");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what}: not within 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -79,7 +82,10 @@ async fn of_replicas_racing_exactly_one_leads_at_any_time() {
     let replicas: Vec<Replica> = (0..3)
         .map(|i| Replica::start(&server, &format!("replica-{i}")))
         .collect();
-    until("someone leads", || replicas.iter().any(|r| r.leadership.is_leading())).await;
+    until("someone leads", || {
+        replicas.iter().any(|r| r.leadership.is_leading())
+    })
+    .await;
     // Sampled for a while: never two at once, and the holder is the one that acts.
     for _ in 0..100 {
         let leading: Vec<usize> = (0..3)
@@ -147,7 +153,11 @@ async fn a_leader_whose_lease_is_taken_stops_acting_at_once() {
     changes.changed().await.unwrap();
     assert!(!*changes.borrow());
     a.stop().await;
-    assert_eq!(holder(&server), "intruder", "a does not give up a lease it lost");
+    assert_eq!(
+        holder(&server),
+        "intruder",
+        "a does not give up a lease it lost"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,32 +205,54 @@ async fn each_round_makes_exactly_the_requests_it_should() {
     ));
 
     // No Lease yet: it is created, naming this replica.
-    let (_, send) = api.expect("GET", &format!("{LEASE}/allot-controller")).await;
-    answer(send, 404, refusal(404, "NotFound", "leases \"allot-controller\" not found"));
+    let (_, send) = api
+        .expect("GET", &format!("{LEASE}/allot-controller"))
+        .await;
+    answer(
+        send,
+        404,
+        refusal(404, "NotFound", "leases \"allot-controller\" not found"),
+    );
     let (body, send) = api.expect("POST", LEASE).await;
     assert_eq!(body["spec"]["holderIdentity"], "me");
     assert_eq!(body["spec"]["leaseTransitions"], 0);
     assert_eq!(body["spec"]["leaseDurationSeconds"], 2);
     answer(send, 201, lease("me", "1"));
     // Held: renewed with a replace carrying the version read, the transitions kept.
-    let (_, send) = api.expect("GET", &format!("{LEASE}/allot-controller")).await;
+    let (_, send) = api
+        .expect("GET", &format!("{LEASE}/allot-controller"))
+        .await;
     answer(send, 200, lease("me", "1"));
-    let (body, send) = api.expect("PUT", &format!("{LEASE}/allot-controller")).await;
+    let (body, send) = api
+        .expect("PUT", &format!("{LEASE}/allot-controller"))
+        .await;
     assert_eq!(body["metadata"]["resourceVersion"], "1");
     assert_eq!(body["spec"]["holderIdentity"], "me");
     assert_eq!(body["spec"]["leaseTransitions"], 4);
     answer(send, 200, lease("me", "2"));
     until("leads", || leadership.is_leading()).await;
     // Someone else took it meanwhile: the replace is refused, and this replica stops at once.
-    let (_, send) = api.expect("GET", &format!("{LEASE}/allot-controller")).await;
+    let (_, send) = api
+        .expect("GET", &format!("{LEASE}/allot-controller"))
+        .await;
     answer(send, 200, lease("me", "2"));
-    let (_, send) = api.expect("PUT", &format!("{LEASE}/allot-controller")).await;
-    answer(send, 409, refusal(409, "Conflict", "the object has been modified"));
-    let (_, send) = api.expect("GET", &format!("{LEASE}/allot-controller")).await;
+    let (_, send) = api
+        .expect("PUT", &format!("{LEASE}/allot-controller"))
+        .await;
+    answer(
+        send,
+        409,
+        refusal(409, "Conflict", "the object has been modified"),
+    );
+    let (_, send) = api
+        .expect("GET", &format!("{LEASE}/allot-controller"))
+        .await;
     assert!(!leadership.is_leading());
     // Another's fresh lease: followed, no write.
     answer(send, 200, lease("other", "3"));
-    let (_, send) = api.expect("GET", &format!("{LEASE}/allot-controller")).await;
+    let (_, send) = api
+        .expect("GET", &format!("{LEASE}/allot-controller"))
+        .await;
     answer(send, 200, lease("other", "3"));
     let _ = stop.send(());
     // A follower that stops writes nothing more.

@@ -21,7 +21,10 @@ use serde_json::{Value, json};
 async fn until(what: &str, f: impl Fn() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(10), "{what}: not within 10 s");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what}: not within 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -36,8 +39,14 @@ struct Setup {
 
 async fn setup(leadership: Leadership) -> Setup {
     let server = ApiServer::new();
-    server.insert("ippools", pool_json("p", "10.0.0.0/24", &["10.0.0.10-10.0.0.19"]));
-    server.insert("ippools", pool_json("q", "10.0.0.0/24", &["10.0.0.30-10.0.0.39"]));
+    server.insert(
+        "ippools",
+        pool_json("p", "10.0.0.0/24", &["10.0.0.10-10.0.0.19"]),
+    );
+    server.insert(
+        "ippools",
+        pool_json("q", "10.0.0.0/24", &["10.0.0.30-10.0.0.39"]),
+    );
     server.insert(
         "subnets",
         json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Subnet", "metadata": {"name": "s"},
@@ -53,7 +62,9 @@ async fn setup(leadership: Leadership) -> Setup {
     let index = Shared::of(ClusterIndex::new());
     watch(&index, &server.client(), false);
     let _ = index
-        .wait_for(Duration::from_secs(10), |i| i.ready_for_pools().then_some(()))
+        .wait_for(Duration::from_secs(10), |i| {
+            i.ready_for_pools().then_some(())
+        })
         .await;
     let metrics = Arc::new(Metrics::new());
     let lifecycle = PoolLifecycle::new(
@@ -98,14 +109,14 @@ async fn status_counts_are_derived_from_the_claims_and_written_only_when_they_ch
     // handed to its pools.
     assert_eq!(status(&s.server, "subnets", "s"), (json!(20), json!(253)));
     let metrics = s.metrics.encode();
-    assert!(metrics.contains("allot_pool_allocated_addresses{pool=\"p\"} 2"), "{metrics}");
+    assert!(
+        metrics.contains("allot_pool_allocated_addresses{pool=\"p\"} 2"),
+        "{metrics}"
+    );
 
     // Once the watch has delivered what was written, nothing changed: nothing is written.
     until("the watch delivers the status", || {
-        s.index
-            .read()
-            .allot_objects()
-            .all(|e| e.status.0.is_some())
+        s.index.read().allot_objects().all(|e| e.status.0.is_some())
     })
     .await;
     let writes = s.server.requests("patch", "ippools");
@@ -143,8 +154,10 @@ async fn a_deleted_pool_stays_until_no_claim_holds_its_addresses() {
     s.server.remove("allot.dev/v1alpha1", "ippools", None, "q");
     until("the watch sees p terminating and q gone", || {
         let i = s.index.read();
-        i.allot_objects().any(|e| e.observed.name == "p" && e.deleting)
-            && i.allot_objects().any(|e| e.observed.name == "q" && e.deleting)
+        i.allot_objects()
+            .any(|e| e.observed.name == "p" && e.deleting)
+            && i.allot_objects()
+                .any(|e| e.observed.name == "q" && e.deleting)
     })
     .await;
     let round = s.lifecycle.round().await.unwrap();
@@ -183,7 +196,9 @@ const POOLS: &str = "/apis/allot.dev/v1alpha1/ippools";
 async fn each_write_is_the_request_it_should_be() {
     let (client, mut api) = mock_client("default");
     let store = Arc::new(MemoryStore::new());
-    store.claim(&[claim("10.0.0.10", "web", "a", "ua", T0)]).unwrap();
+    store
+        .claim(&[claim("10.0.0.10", "web", "a", "ua", T0)])
+        .unwrap();
     let mut index = ClusterIndex::new();
     let mut live = pool_json("p", "10.0.0.0/24", &["10.0.0.10-10.0.0.19"]);
     live["metadata"]["resourceVersion"] = json!("41");
@@ -192,7 +207,10 @@ async fn each_write_is_the_request_it_should_be() {
     gone["metadata"]["deletionTimestamp"] = json!(rfc3339(T0));
     gone["metadata"]["finalizers"] = json!(["example.com/backup", FINALIZER]);
     gone["status"] = json!({"allocatedIPCount": 0, "totalIPCount": 254});
-    IndexResource::<PoolObject>::reset(&mut index, vec![PoolObject(dynamic(live)), PoolObject(dynamic(gone))]);
+    IndexResource::<PoolObject>::reset(
+        &mut index,
+        vec![PoolObject(dynamic(live)), PoolObject(dynamic(gone))],
+    );
     IndexResource::<allot_index::SubnetObject>::reset(&mut index, vec![]);
     IndexResource::<allot_index::ReservedObject>::reset(&mut index, vec![]);
     let mut lifecycle = PoolLifecycle::new(
@@ -211,8 +229,15 @@ async fn each_write_is_the_request_it_should_be() {
     );
     answer(send, 200, pool_json("p", "10.0.0.0/24", &[]));
     let (body, send) = api.expect("PATCH", &format!("{POOLS}/p/status")).await;
-    assert_eq!(body, json!({"status": {"allocatedIPCount": 1, "totalIPCount": 10}}));
-    answer(send, 200, pool_json("p", "10.0.0.0/24", &["10.0.0.10-10.0.0.19"]));
+    assert_eq!(
+        body,
+        json!({"status": {"allocatedIPCount": 1, "totalIPCount": 10}})
+    );
+    answer(
+        send,
+        200,
+        pool_json("p", "10.0.0.0/24", &["10.0.0.10-10.0.0.19"]),
+    );
     // r's status is already right: only its finalizer goes, the other one stays.
     let (body, send) = api.expect("PATCH", &format!("{POOLS}/r")).await;
     assert_eq!(
