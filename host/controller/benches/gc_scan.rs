@@ -35,7 +35,9 @@ const LEAKED_EVERY: usize = 100;
 const T0: u64 = 1_800_000_000;
 
 fn address(i: usize) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::from(u32::from_be_bytes([10, 16, 0, 0]) + i as u32))
+    IpAddr::V4(Ipv4Addr::from(
+        u32::from_be_bytes([10, 16, 0, 0]) + i as u32,
+    ))
 }
 
 fn pod_name(i: usize) -> String {
@@ -111,7 +113,10 @@ fn main() {
     let mut index = ClusterIndex::new();
     IndexResource::<Pod>::reset(
         &mut index,
-        (0..CLAIMS).filter(|i| i % LEAKED_EVERY != 0).map(pod).collect(),
+        (0..CLAIMS)
+            .filter(|i| i % LEAKED_EVERY != 0)
+            .map(pod)
+            .collect(),
     );
     IndexResource::<Node>::reset(&mut index, (0..50).map(node).collect());
     IndexResource::<StatefulSet>::reset(&mut index, Vec::new());
