@@ -9,66 +9,21 @@ use std::time::Duration;
 use allot_controller::webhook::certs::{CertPolicy, Material, renew, service_names};
 use allot_controller::webhook::configs::{self, Outcome, Target};
 use allot_controller::webhook::secret::{self, unix_now};
+use allot_test_apiserver::verifier::{self, ApiServerVerifier, answer};
 use http::{Request, Response};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::client::Body;
 use serde_json::{Value, json};
-use tower_test::mock::{self, Handle, SendResponse};
-
-type Mock = Handle<Request<Body>, Response<Body>>;
+use tower_test::mock;
 
 const SECRETS: &str = "/api/v1/namespaces/allot/secrets";
 const SECRET: &str = "/api/v1/namespaces/allot/secrets/allot-webhook-tls";
 const VALIDATING: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
 const MUTATING: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
 
-struct ApiServerVerifier(Mock);
-
-impl ApiServerVerifier {
-    /// The next request, checked against `method` and `path`; its body as JSON.
-    async fn expect(&mut self, method: &str, path: &str) -> (Value, SendResponse<Response<Body>>) {
-        let (request, send) = tokio::time::timeout(Duration::from_secs(10), self.0.next_request())
-            .await
-            .unwrap_or_else(|_| panic!("no {method} {path} within 10 s"))
-            .expect("the client hung up");
-        assert_eq!(request.method().as_str(), method, "{}", request.uri());
-        assert_eq!(request.uri().path(), path, "{method}");
-        let body = http_body_util::BodyExt::collect(request.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
-        let body = if body.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&body).unwrap()
-        };
-        (body, send)
-    }
-
-    /// Nothing more is asked.
-    async fn done(&mut self) {
-        if let Ok(Some((request, _))) =
-            tokio::time::timeout(Duration::from_millis(200), self.0.next_request()).await
-        {
-            panic!("unexpected {} {}", request.method(), request.uri());
-        }
-    }
-}
-
-fn answer(send: SendResponse<Response<Body>>, code: u16, body: Value) {
-    send.send_response(
-        Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string().into_bytes()))
-            .unwrap(),
-    );
-}
-
 fn refusal(code: u16, reason: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-           "reason": reason, "message": format!("injected {reason}"), "code": code})
+    verifier::refusal(code, reason, &format!("injected {reason}"))
 }
 
 fn names() -> Vec<String> {
@@ -127,7 +82,7 @@ fn ensure(
         )
         .await
     });
-    (call, ApiServerVerifier(handle))
+    (call, ApiServerVerifier::new(handle))
 }
 
 #[tokio::test]
@@ -150,7 +105,7 @@ async fn an_absent_secret_is_created_with_a_ca_and_a_serving_certificate() {
     let written = of_body(&body);
     answer(send, 201, body);
     assert_eq!(call.await.unwrap().unwrap(), written);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -164,7 +119,7 @@ async fn a_replica_that_loses_the_create_serves_the_winners_certificate() {
     let (_, send) = api.expect("GET", SECRET).await;
     answer(send, 200, stored(&winner, "7"));
     assert_eq!(call.await.unwrap().unwrap(), winner);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -174,7 +129,7 @@ async fn a_usable_secret_is_read_and_nothing_is_written() {
     let (_, send) = api.expect("GET", SECRET).await;
     answer(send, 200, stored(&current, "7"));
     assert_eq!(call.await.unwrap().unwrap(), current);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -196,7 +151,7 @@ async fn an_unusable_secret_is_replaced_on_its_resource_version() {
     let written = of_body(&body);
     answer(send, 200, body);
     assert_eq!(call.await.unwrap().unwrap(), written);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -221,7 +176,7 @@ async fn the_leader_renews_a_certificate_due_and_a_lost_swap_reads_the_winner() 
     let (_, send) = api.expect("GET", SECRET).await;
     answer(send, 200, stored(&theirs, "8"));
     assert_eq!(call.await.unwrap().unwrap(), theirs);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -235,7 +190,7 @@ async fn a_follower_leaves_a_certificate_due_alone_until_it_expires() {
     let (_, send) = api.expect("GET", SECRET).await;
     answer(send, 200, stored(&due, "7"));
     assert_eq!(call.await.unwrap().unwrap(), due);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -248,7 +203,7 @@ async fn a_forbidden_read_says_which_permission_is_missing() {
         e.contains("Secret allot-webhook-tls: get") && e.contains("needs get"),
         "{e}"
     );
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 fn target() -> Target {
@@ -269,7 +224,7 @@ fn ensure_configs() -> (
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let call = tokio::spawn(async move { configs::ensure(&client, &target(), BUNDLE).await });
-    (call, ApiServerVerifier(handle))
+    (call, ApiServerVerifier::new(handle))
 }
 
 /// A configuration as stored at `rv`, with what the API server defaults filled in.
@@ -326,7 +281,7 @@ async fn absent_configurations_are_created_trusting_the_bundle() {
         call.await.unwrap().unwrap(),
         [Outcome::Created, Outcome::Created]
     );
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -347,7 +302,7 @@ async fn configurations_that_are_true_are_left_alone() {
         call.await.unwrap().unwrap(),
         [Outcome::Unchanged, Outcome::Unchanged]
     );
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -394,7 +349,7 @@ async fn a_ca_bundle_reset_by_an_upgrade_is_repaired_on_its_resource_version() {
         outcomes[1],
         Outcome::Repaired(vec!["default.allot.dev caBundle".into()])
     );
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -402,11 +357,11 @@ async fn removing_the_configurations_accepts_one_already_gone() {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let call = tokio::spawn(async move { configs::remove(&client, "allot").await });
-    let mut api = ApiServerVerifier(handle);
+    let mut api = ApiServerVerifier::new(handle);
     let (_, send) = api.expect("DELETE", &format!("{VALIDATING}/allot")).await;
     answer(send, 200, refusal(200, "Success"));
     let (_, send) = api.expect("DELETE", &format!("{MUTATING}/allot")).await;
     answer(send, 404, refusal(404, "NotFound"));
     call.await.unwrap().unwrap();
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }

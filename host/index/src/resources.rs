@@ -175,15 +175,10 @@ impl IndexResource<StatefulSet> for Index {
     const KIND: &'static str = Kind::StatefulSet.as_str();
 
     fn apply(&mut self, sts: StatefulSet) {
-        // A StatefulSet being deleted keeps no address for its pods.
-        let replicas = if sts.metadata.deletion_timestamp.is_some() {
-            0
-        } else {
-            // The API defaults spec.replicas to 1.
-            let n = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            u32::try_from(n).unwrap_or(0)
-        };
-        self.statefulsets.insert(names(&sts.metadata), replicas);
+        self.statefulsets.insert(
+            names(&sts.metadata),
+            crate::cluster::statefulset_replicas(&sts),
+        );
     }
 
     fn delete(&mut self, sts: StatefulSet) {

@@ -9,93 +9,15 @@ use std::time::{Duration, Instant};
 use allot_core::store::{ChangeKind, Changes, Claim, Store, StoreError, system_clock};
 use allot_store::contract::{attachment, claim, ip, pod};
 use allot_store::{KubeConfig, KubeStore};
+use allot_test_apiserver::verifier::{ApiServerVerifier, answer, refusal};
 use http::{Request, Response};
 use kube::client::Body;
 use serde_json::{Value, json};
-use tower_test::mock::{self, Handle, SendResponse};
+use tower_test::mock;
 
 const T0: u64 = 1_700_000_000;
 
-type Mock = Handle<Request<Body>, Response<Body>>;
-
-/// Checks the store's requests in order, answering each; watch requests are put aside (held
-/// open, like a quiet watch) unless a test answers them.
-struct ApiServerVerifier {
-    handle: Mock,
-    watches: Vec<SendResponse<Response<Body>>>,
-}
-
-impl ApiServerVerifier {
-    /// The next request that is not a watch, checked against `method` and `path`.
-    async fn expect(&mut self, method: &str, path: &str) -> (Value, SendResponse<Response<Body>>) {
-        loop {
-            let (request, send) =
-                tokio::time::timeout(Duration::from_secs(10), self.handle.next_request())
-                    .await
-                    .unwrap_or_else(|_| panic!("no {method} {path} within 10 s"))
-                    .expect("the store hung up");
-            if request
-                .uri()
-                .query()
-                .is_some_and(|q| q.contains("watch=true"))
-            {
-                self.watches.push(send);
-                continue;
-            }
-            assert_eq!(request.method().as_str(), method, "{}", request.uri());
-            assert_eq!(request.uri().path(), path, "{method}");
-            let body = http_body_util::BodyExt::collect(request.into_body())
-                .await
-                .expect("a request body")
-                .to_bytes();
-            let body = if body.is_empty() {
-                Value::Null
-            } else {
-                serde_json::from_slice(&body).expect("a JSON body")
-            };
-            return (body, send);
-        }
-    }
-
-    /// The next watch request (one put aside earlier, or a new one).
-    async fn watch(&mut self) -> SendResponse<Response<Body>> {
-        if let Some(w) = self.watches.pop() {
-            return w;
-        }
-        let (request, send) =
-            tokio::time::timeout(Duration::from_secs(10), self.handle.next_request())
-                .await
-                .expect("a watch within 10 s")
-                .expect("the store hung up");
-        assert!(
-            request
-                .uri()
-                .query()
-                .is_some_and(|q| q.contains("watch=true")),
-            "expected a watch, got {} {}",
-            request.method(),
-            request.uri()
-        );
-        send
-    }
-}
-
 const BLOCKS: &str = "/apis/allot.dev/v1alpha1/ipblocks";
-
-fn answer(send: SendResponse<Response<Body>>, code: u16, body: Value) {
-    send.send_response(
-        Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string().into_bytes()))
-            .unwrap(),
-    );
-}
-
-fn refusal(code: u16, reason: &str, message: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-           "reason": reason, "message": message, "code": code})
-}
 
 fn list(rv: u64, items: Vec<Value>) -> Value {
     json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPBlockList",
@@ -146,10 +68,7 @@ fn open(
 ) -> (KubeStore, ApiServerVerifier, tokio::runtime::Runtime) {
     let rt = runtime();
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let mut verifier = ApiServerVerifier {
-        handle,
-        watches: Vec::new(),
-    };
+    let mut verifier = ApiServerVerifier::new(handle);
     let answered = rt.spawn(async move {
         let (_, send) = verifier.expect("GET", BLOCKS).await;
         answer(send, 200, listed);
@@ -424,10 +343,7 @@ fn forbidden_writes_name_the_missing_rbac_verb() {
 fn open_refused(code: u16, reason: &'static str, message: &'static str) -> StoreError {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let mut v = ApiServerVerifier {
-        handle,
-        watches: Vec::new(),
-    };
+    let mut v = ApiServerVerifier::new(handle);
     rt.spawn(async move {
         let (_, send) = v.expect("GET", BLOCKS).await;
         answer(send, code, refusal(code, reason, message));

@@ -46,6 +46,16 @@ use selector::{FieldSelector, LabelSelector};
 /// Events kept for watches that resume; older resource versions get `410 Gone`.
 const HISTORY: usize = 50_000;
 
+/// A server on a loopback port ([`ApiServer::on_loopback`]); it stops when this is dropped.
+pub struct Loopback {
+    pub server: ApiServer,
+    /// A kubeconfig naming the server, for binaries under test.
+    pub kubeconfig: std::path::PathBuf,
+    /// The temporary directory the kubeconfig is in; tests may put their files there too.
+    pub dir: tempfile::TempDir,
+    _runtime: tokio::runtime::Runtime,
+}
+
 /// A response body: whole, or a watch's stream of events.
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -275,6 +285,33 @@ impl ApiServer {
         let target = Target::of(plural, &object, None);
         self.change(|st| create(st, &target, object))
             .unwrap_or_else(|(code, reason, message)| panic!("insert: {code} {reason}: {message}"))
+    }
+
+    /// Serves a new server on a loopback port from a runtime of its own, with a kubeconfig file
+    /// for it in a temporary directory: what an end-to-end test hands to real binaries.
+    pub fn on_loopback() -> Loopback {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime for the test API server");
+        let server = ApiServer::new();
+        let addr = runtime
+            .block_on(server.serve("127.0.0.1:0".parse().expect("an address")))
+            .expect("a loopback port");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            ApiServer::kubeconfig(&format!("http://{addr}")),
+        )
+        .expect("the kubeconfig written");
+        Loopback {
+            server,
+            kubeconfig,
+            dir,
+            _runtime: runtime,
+        }
     }
 
     /// Replaces a stored object as a user's edit would (`kubectl replace` without a

@@ -20,10 +20,7 @@ pub fn mock_client(namespace: &str) -> (kube::Client, ApiServerVerifier) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     (
         kube::Client::new(service, namespace),
-        ApiServerVerifier {
-            handle,
-            watches: Vec::new(),
-        },
+        ApiServerVerifier::new(handle),
     )
 }
 
@@ -32,6 +29,8 @@ pub fn mock_client(namespace: &str) -> (kube::Client, ApiServerVerifier) {
 pub struct ApiServerVerifier {
     pub handle: Mock,
     watches: Vec<SendResponse<Response<Body>>>,
+    /// The content type of each PATCH checked so far, in order.
+    pub patch_types: Vec<String>,
 }
 
 impl ApiServerVerifier {
@@ -39,7 +38,22 @@ impl ApiServerVerifier {
         ApiServerVerifier {
             handle,
             watches: Vec::new(),
+            patch_types: Vec::new(),
         }
+    }
+
+    /// [`ApiServerVerifier::expect`] of a PATCH that must be a JSON merge patch.
+    pub async fn expect_merge_patch(
+        &mut self,
+        path: &str,
+    ) -> (Value, SendResponse<Response<Body>>) {
+        let answer = self.expect("PATCH", path).await;
+        assert_eq!(
+            self.patch_types.last().map(String::as_str),
+            Some("application/merge-patch+json"),
+            "PATCH {path}"
+        );
+        answer
     }
 
     /// The next request that is not a watch, checked against `method` and `path`; its JSON
@@ -60,6 +74,16 @@ impl ApiServerVerifier {
             }
             assert_eq!(request.method().as_str(), method, "{}", request.uri());
             assert_eq!(request.uri().path(), path, "{method}");
+            if method == "PATCH" {
+                // kube sends each patch type with its own content type; a merge patch must not
+                // go out as a JSON patch or an apply.
+                self.patch_types.push(
+                    request.headers()["content-type"]
+                        .to_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                );
+            }
             return (body(request).await, send);
         }
     }

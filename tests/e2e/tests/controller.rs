@@ -8,34 +8,19 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use allot_e2e::bin;
-use allot_test_apiserver::ApiServer;
+use allot_test_apiserver::{ApiServer, Loopback};
 use serde_json::{Value, json};
 
 struct Cluster {
     server: ApiServer,
     kubeconfig: PathBuf,
-    dir: tempfile::TempDir,
-    _runtime: tokio::runtime::Runtime,
+    api: Loopback,
 }
 
 impl Cluster {
     fn new() -> Cluster {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let server = ApiServer::new();
-        let addr = runtime
-            .block_on(server.serve("127.0.0.1:0".parse().unwrap()))
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            ApiServer::kubeconfig(&format!("http://{addr}")),
-        )
-        .unwrap();
+        let api = ApiServer::on_loopback();
+        let (server, kubeconfig) = (api.server.clone(), api.kubeconfig.clone());
         server.insert(
             "nodes",
             json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
@@ -50,8 +35,7 @@ impl Cluster {
         Cluster {
             server,
             kubeconfig,
-            dir,
-            _runtime: runtime,
+            api,
         }
     }
 
@@ -107,7 +91,8 @@ impl Cluster {
     }
 
     fn controller(&self, identity: &str) -> Child {
-        let log = std::fs::File::create(self.dir.path().join(format!("{identity}.log"))).unwrap();
+        let log =
+            std::fs::File::create(self.api.dir.path().join(format!("{identity}.log"))).unwrap();
         Command::new(bin("allot-controller"))
             .args(["--kubeconfig", self.kubeconfig.to_str().unwrap()])
             .args(["--identity", identity, "--namespace", "allot-system"])
@@ -133,7 +118,8 @@ impl Cluster {
     }
 
     fn log(&self, identity: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("{identity}.log"))).unwrap_or_default()
+        std::fs::read_to_string(self.api.dir.path().join(format!("{identity}.log")))
+            .unwrap_or_default()
     }
 
     fn allotctl(&self, args: &[&str]) -> Output {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use allot_e2e::*;
-use allot_test_apiserver::ApiServer;
+use allot_test_apiserver::{ApiServer, Loopback};
 use serde_json::{Value, json};
 
 const NODE: &str = "node-e2e";
@@ -18,29 +18,14 @@ const NODE: &str = "node-e2e";
 struct Cluster {
     server: ApiServer,
     kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
-    _runtime: tokio::runtime::Runtime,
+    _api: Loopback,
 }
 
 impl Cluster {
     /// A cluster with namespace `default`, node [`NODE`] and the given pools.
     fn new(pools: &[Value]) -> Cluster {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let server = ApiServer::new();
-        let addr = runtime
-            .block_on(server.serve("127.0.0.1:0".parse().unwrap()))
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            ApiServer::kubeconfig(&format!("http://{addr}")),
-        )
-        .unwrap();
+        let api = ApiServer::on_loopback();
+        let (server, kubeconfig) = (api.server.clone(), api.kubeconfig.clone());
         server.insert(
             "namespaces",
             json!({"apiVersion": "v1", "kind": "Namespace",
@@ -57,8 +42,7 @@ impl Cluster {
         Cluster {
             server,
             kubeconfig,
-            _dir: dir,
-            _runtime: runtime,
+            _api: api,
         }
     }
 

@@ -364,22 +364,8 @@ fn a_policy_object_with_an_oci_source_is_pulled_and_an_altered_one_refused() {
                 .to_string(),
         );
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let server = ApiServer::new();
-    let addr = runtime
-        .block_on(server.serve("127.0.0.1:0".parse().unwrap()))
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        ApiServer::kubeconfig(&format!("http://{addr}")),
-    )
-    .unwrap();
+    let api = ApiServer::on_loopback();
+    let (server, kubeconfig) = (&api.server, &api.kubeconfig);
     server.insert(
         "namespaces",
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}),
@@ -393,7 +379,7 @@ fn a_policy_object_with_an_oci_source_is_pulled_and_an_altered_one_refused() {
         json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool", "metadata": {"name": "p"},
                "spec": {"subnet": "10.62.0.0/24", "ips": ["10.62.0.10-10.62.0.20"], "default": true}}),
     );
-    let _agent = Agent::start_on_cluster(&kubeconfig, "node-oci", &[]);
+    let _agent = Agent::start_on_cluster(kubeconfig, "node-oci", &[]);
     let policy = |oci: &str| {
         json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "default"},
                "spec": {"source": {"oci": oci}, "onFailure": "fail"}})

@@ -1,56 +1,16 @@
 //! Endpoint writes against kube's mock service (tower-test), each request checked and answered
 //! as the API server would, refusals included.
 
-use std::time::Duration;
-
 use allot_core::policy::{Owner, PodInfo};
-use http::{Request, Response};
-use kube::client::Body;
+use allot_test_apiserver::verifier::{ApiServerVerifier, answer, mock_client, refusal};
 use serde_json::{Value, json};
-use tower_test::mock::{self, Handle, SendResponse};
 
 use super::*;
 
-type Mock = Handle<Request<Body>, Response<Body>>;
-
 const PATH: &str = "/apis/allot.dev/v1alpha1/namespaces/web/endpoints";
 
-async fn expect(
-    handle: &mut Mock,
-    method: &str,
-    path: &str,
-) -> (Value, SendResponse<Response<Body>>) {
-    let (request, send) = tokio::time::timeout(Duration::from_secs(10), handle.next_request())
-        .await
-        .unwrap_or_else(|_| panic!("no {method} {path} within 10 s"))
-        .expect("the client hung up");
-    assert_eq!(request.method().as_str(), method, "{}", request.uri());
-    assert_eq!(request.uri().path(), path, "{method}");
-    let body = http_body_util::BodyExt::collect(request.into_body())
-        .await
-        .expect("a body")
-        .to_bytes();
-    let body = if body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&body).expect("JSON")
-    };
-    (body, send)
-}
-
-fn answer(send: SendResponse<Response<Body>>, code: u16, body: Value) {
-    send.send_response(
-        Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string().into_bytes()))
-            .unwrap(),
-    );
-}
-
 fn status(code: u16, reason: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-           "reason": reason, "message": format!("injected {reason}")})
+    refusal(code, reason, &format!("injected {reason}"))
 }
 
 fn pod(owner: Option<(&str, &str)>) -> PodInfo {
@@ -82,9 +42,13 @@ fn stored(rv: &str, interfaces: Value) -> Value {
 }
 
 /// Records eth0 = 10.0.0.7/24 for `pod` on node n1 against the mock, in the background.
-fn record_eth0(pod: PodInfo) -> (tokio::task::JoinHandle<Result<(), String>>, Mock) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
+fn record_eth0(
+    pod: PodInfo,
+) -> (
+    tokio::task::JoinHandle<Result<(), String>>,
+    ApiServerVerifier,
+) {
+    let (client, verifier) = mock_client("default");
     let api: Api<Endpoint> = Api::namespaced(client, "web");
     let write = tokio::spawn(async move {
         update(&api, "p", |c| {
@@ -92,15 +56,15 @@ fn record_eth0(pod: PodInfo) -> (tokio::task::JoinHandle<Result<(), String>>, Mo
         })
         .await
     });
-    (write, handle)
+    (write, verifier)
 }
 
 #[tokio::test]
 async fn a_new_endpoint_is_created_owned_by_its_pod() {
     let (write, mut server) = record_eth0(pod(Some(("Deployment", "d"))));
-    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    let (_, send) = server.expect("GET", &format!("{PATH}/p")).await;
     answer(send, 404, status(404, "NotFound"));
-    let (body, send) = expect(&mut server, "POST", PATH).await;
+    let (body, send) = server.expect("POST", PATH).await;
     assert_eq!(
         body["spec"]["owner"],
         json!({"kind": "Deployment", "name": "d"})
@@ -116,9 +80,9 @@ async fn a_new_endpoint_is_created_owned_by_its_pod() {
 #[tokio::test]
 async fn a_statefulset_pods_endpoint_has_no_owner_reference() {
     let (write, mut server) = record_eth0(pod(Some(("StatefulSet", "db"))));
-    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    let (_, send) = server.expect("GET", &format!("{PATH}/p")).await;
     answer(send, 404, status(404, "NotFound"));
-    let (body, send) = expect(&mut server, "POST", PATH).await;
+    let (body, send) = server.expect("POST", PATH).await;
     assert!(body["metadata"].get("ownerReferences").is_none(), "{body}");
     answer(send, 201, body);
     write.await.unwrap().unwrap();
@@ -129,18 +93,18 @@ async fn a_statefulset_pods_endpoint_has_no_owner_reference() {
 #[tokio::test]
 async fn a_lost_compare_and_swap_reads_again_and_keeps_the_other_interface() {
     let (write, mut server) = record_eth0(pod(None));
-    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    let (_, send) = server.expect("GET", &format!("{PATH}/p")).await;
     answer(send, 200, stored("5", json!([])));
-    let (body, send) = expect(&mut server, "PUT", &format!("{PATH}/p")).await;
+    let (body, send) = server.expect("PUT", &format!("{PATH}/p")).await;
     assert_eq!(body["metadata"]["resourceVersion"], "5");
     answer(send, 409, status(409, "Conflict"));
-    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    let (_, send) = server.expect("GET", &format!("{PATH}/p")).await;
     answer(
         send,
         200,
         stored("6", json!([{"ifname": "net1", "ipv4": "10.1.0.3/24"}])),
     );
-    let (body, send) = expect(&mut server, "PUT", &format!("{PATH}/p")).await;
+    let (body, send) = server.expect("PUT", &format!("{PATH}/p")).await;
     assert_eq!(body["metadata"]["resourceVersion"], "6");
     let names: Vec<&str> = body["spec"]["interfaces"]
         .as_array()
@@ -157,13 +121,13 @@ async fn a_lost_compare_and_swap_reads_again_and_keeps_the_other_interface() {
 #[tokio::test]
 async fn already_exists_on_create_becomes_a_replace() {
     let (write, mut server) = record_eth0(pod(None));
-    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    let (_, send) = server.expect("GET", &format!("{PATH}/p")).await;
     answer(send, 404, status(404, "NotFound"));
-    let (_, send) = expect(&mut server, "POST", PATH).await;
+    let (_, send) = server.expect("POST", PATH).await;
     answer(send, 409, status(409, "AlreadyExists"));
-    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    let (_, send) = server.expect("GET", &format!("{PATH}/p")).await;
     answer(send, 200, stored("9", json!([{"ifname": "net1"}])));
-    let (body, send) = expect(&mut server, "PUT", &format!("{PATH}/p")).await;
+    let (body, send) = server.expect("PUT", &format!("{PATH}/p")).await;
     assert_eq!(body["spec"]["interfaces"].as_array().unwrap().len(), 2);
     answer(send, 200, body);
     write.await.unwrap().unwrap();
@@ -185,7 +149,7 @@ async fn an_endpoint_of_an_earlier_pod_of_the_name_is_started_over() {
 #[tokio::test]
 async fn a_refused_write_is_an_error_naming_the_refusal() {
     let (write, mut server) = record_eth0(pod(None));
-    let (_, send) = expect(&mut server, "GET", &format!("{PATH}/p")).await;
+    let (_, send) = server.expect("GET", &format!("{PATH}/p")).await;
     answer(
         send,
         403,

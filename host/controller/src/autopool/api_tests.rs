@@ -12,75 +12,21 @@ use allot_core::policy::Application;
 use allot_core::store::{MemoryStore, Store};
 use allot_index::{IndexResource, PoolObject, ReservedObject, SubnetObject, WorkloadIndex};
 use allot_store::contract::{attachment, claim, pod};
-use http::{Request, Response};
+use allot_test_apiserver::verifier::{ApiServerVerifier, answer, mock_client, refusal};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use kube::api::DynamicObject;
-use kube::client::Body;
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
-use tower_test::mock::{self, Handle, SendResponse};
 
 use super::reconcile::{Outcome, Reconciler, Snapshot};
 use crate::lease::Leadership;
 
-type Mock = Handle<Request<Body>, Response<Body>>;
-
 const POOLS: &str = "/apis/allot.dev/v1alpha1/ippools";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team-a/events";
 
-/// Checks the pass's requests in order and answers them.
-struct ApiServerVerifier(Mock);
-
-impl ApiServerVerifier {
-    async fn expect(&mut self, method: &str, path: &str) -> (Value, SendResponse<Response<Body>>) {
-        let (request, send) = tokio::time::timeout(Duration::from_secs(10), self.0.next_request())
-            .await
-            .unwrap_or_else(|_| panic!("no {method} {path} within 10 s"))
-            .expect("the client hung up");
-        assert_eq!(request.method().as_str(), method, "{}", request.uri());
-        assert_eq!(request.uri().path(), path, "{method}");
-        if method == "PATCH" {
-            assert_eq!(
-                request.headers()["content-type"],
-                "application/merge-patch+json"
-            );
-        }
-        let body = http_body_util::BodyExt::collect(request.into_body())
-            .await
-            .expect("a body")
-            .to_bytes();
-        let body = if body.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&body).expect("JSON")
-        };
-        (body, send)
-    }
-
-    /// Nothing more was asked.
-    async fn done(&mut self) {
-        if let Ok(Some((request, _))) =
-            tokio::time::timeout(Duration::from_millis(200), self.0.next_request()).await
-        {
-            panic!("unexpected {} {}", request.method(), request.uri());
-        }
-    }
-}
-
-fn answer(send: SendResponse<Response<Body>>, code: u16, body: Value) {
-    send.send_response(
-        Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string().into_bytes()))
-            .unwrap(),
-    );
-}
-
 fn status(code: u16, reason: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-           "reason": reason, "message": format!("injected {reason}")})
+    refusal(code, reason, &format!("injected {reason}"))
 }
 
 fn web() -> Application {
@@ -151,8 +97,7 @@ fn index(deployment: Option<Deployment>, pools: Vec<DynamicObject>) -> WorkloadI
 }
 
 fn reconciler(leadership: Leadership, store: Arc<dyn Store>) -> (Reconciler, ApiServerVerifier) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
+    let (client, verifier) = mock_client("default");
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -162,7 +107,7 @@ fn reconciler(leadership: Leadership, store: Arc<dyn Store>) -> (Reconciler, Api
     );
     (
         Reconciler::new(client, recorder, leadership, store),
-        ApiServerVerifier(handle),
+        verifier,
     )
 }
 
@@ -225,7 +170,7 @@ async fn a_new_workload_gets_its_pool_created_and_pending_addresses_are_not_carv
     let (r, outcome) = running.await.unwrap();
     assert_eq!(outcome.created, 1);
     assert!(!outcome.retry);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 
     // The watch has not shown the pool yet: the same plan is made, but its addresses are held
     // apart (another workload could not get them either); the API says it exists.
@@ -235,7 +180,7 @@ async fn a_new_workload_gets_its_pool_created_and_pending_addresses_are_not_carv
     answer(send, 409, status(409, "AlreadyExists"));
     let (_, outcome) = running.await.unwrap();
     assert!(outcome.retry);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -247,7 +192,7 @@ async fn scaling_up_patches_the_pool_at_its_resource_version() {
     );
     let running = pass(r, &i);
     let (body, send) = api
-        .expect("PATCH", &format!("{POOLS}/{}", web_pool()))
+        .expect_merge_patch(&format!("{POOLS}/{}", web_pool()))
         .await;
     assert_eq!(body["metadata"]["resourceVersion"], "7");
     assert_eq!(body["spec"]["ips"], json!(["10.10.0.10-10.10.0.15"]));
@@ -256,7 +201,7 @@ async fn scaling_up_patches_the_pool_at_its_resource_version() {
     answer(send, 200, written(&body, "8"));
     let (_, outcome) = running.await.unwrap();
     assert_eq!((outcome.updated, outcome.retry), (1, false));
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -289,13 +234,13 @@ async fn scaling_down_keeps_the_claimed_addresses() {
     );
     let running = pass(r, &i);
     let (body, send) = api
-        .expect("PATCH", &format!("{POOLS}/{}", web_pool()))
+        .expect_merge_patch(&format!("{POOLS}/{}", web_pool()))
         .await;
     assert_eq!(body["spec"]["ips"], json!(["10.10.0.11", "10.10.0.14"]));
     answer(send, 200, written(&body, "8"));
     let (_, outcome) = running.await.unwrap();
     assert_eq!(outcome.updated, 1);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -307,12 +252,12 @@ async fn a_lost_compare_and_swap_is_retried_by_a_later_pass() {
     );
     let running = pass(r, &i);
     let (_, send) = api
-        .expect("PATCH", &format!("{POOLS}/{}", web_pool()))
+        .expect_merge_patch(&format!("{POOLS}/{}", web_pool()))
         .await;
     answer(send, 409, status(409, "Conflict"));
     let (_, outcome) = running.await.unwrap();
     assert_eq!((outcome.updated, outcome.retry), (0, true));
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -331,7 +276,7 @@ async fn a_deleted_workloads_pool_is_deleted_with_a_precondition() {
     );
     let (_, outcome) = running.await.unwrap();
     assert_eq!(outcome.deleted, 1);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -339,7 +284,7 @@ async fn a_pool_with_reclaim_false_outlives_its_workload() {
     let (r, mut api) = reconciler(Leadership::always(), empty_store());
     let i = index(None, vec![stored_pool(&["10.10.0.10-10.10.0.12"], "false")]);
     let running = pass(r, &i);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
     let (_, outcome) = running.await.unwrap();
     assert_eq!(outcome, Outcome::default());
 }
@@ -365,10 +310,10 @@ async fn a_subnet_too_small_is_an_event_on_the_workload_once() {
     answer(send, 201, body.clone());
     let (r, outcome) = running.await.unwrap();
     assert_eq!((outcome.created, outcome.refused), (0, 1));
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
     // The same refusal again: no second Event.
     let running = pass(r, &i);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
     let (_, outcome) = running.await.unwrap();
     assert_eq!(outcome.refused, 1);
 }
@@ -378,7 +323,7 @@ async fn a_replica_that_does_not_lead_writes_nothing() {
     let (r, mut api) = reconciler(Leadership::default(), empty_store());
     let i = index(Some(deployment(2)), vec![]);
     let running = pass(r, &i);
-    api.done().await;
+    api.expect_nothing(Duration::from_millis(200)).await;
     let (_, outcome) = running.await.unwrap();
     assert!(outcome.retry);
     assert_eq!(outcome.created, 0);
