@@ -26,6 +26,10 @@ pub mod workload;
 
 #[cfg(test)]
 mod api_tests;
+#[cfg(test)]
+mod copy_tests;
+#[cfg(test)]
+mod fixtures;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -4,166 +4,12 @@
 //! request that never comes fails on a timeout, and one nobody expected fails the check that
 //! nothing more was asked.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
-
-use allot_index::{
-    CapiClusterObject, FleetIndex, IndexResource, IpamAllocationObject, IpamPoolObject,
-};
-use allot_test_apiserver::verifier::{ApiServerVerifier, answer, mock_client, refusal};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::events::Reporter;
+use allot_test_apiserver::verifier::{ApiServerVerifier, answer, refusal};
 use serde_json::{Value, json};
 
-use super::reconcile::{Events, Outcome, Reconciler};
+use super::fixtures::*;
 use super::wants::{Work, wants};
-use super::workload::{Connect, CopySettings, WorkloadCopier, copies};
 use crate::lease::Leadership;
-
-const POOLS: &str = "/apis/allot.dev/v1alpha1/ipampools";
-const QUIET: Duration = Duration::from_millis(300);
-
-fn allocations(ns: &str) -> String {
-    format!("/apis/allot.dev/v1alpha1/namespaces/{ns}/ipamallocations")
-}
-
-fn config_maps(ns: &str) -> String {
-    format!("/api/v1/namespaces/{ns}/configmaps")
-}
-
-fn events(ns: &str) -> String {
-    format!("/apis/events.k8s.io/v1/namespaces/{ns}/events")
-}
-
-fn hamburg(deprecated: bool) -> Value {
-    json!({"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4,
-           "excludeRanges": ["10.0.0.1"], "deprecated": deprecated})
-}
-
-fn berlin() -> Value {
-    json!({"type": "range", "poolCidr": "10.9.0.0/24", "allocationRange": 4})
-}
-
-fn range_record(dc: &str, runs: &[&str]) -> Value {
-    json!({"type": "range", "dc": dc, "addresses": runs})
-}
-
-/// IPAMPool metallb as the API holds it.
-fn pool(datacenters: Value, records: Value, version: u64) -> Value {
-    json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPAMPool",
-           "metadata": {"name": "metallb", "uid": "uid-metallb", "resourceVersion": "50"},
-           "spec": {"datacenters": datacenters},
-           "status": {"allocations": records, "recordVersion": version}})
-}
-
-/// IPAMAllocation metallb in `ns`.
-fn allocation(ns: &str, cluster: Option<&str>, spec: Value, status: Value) -> Value {
-    let labels = match cluster {
-        Some(c) => json!({"cluster.x-k8s.io/cluster-name": c}),
-        None => json!({}),
-    };
-    json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPAMAllocation",
-           "metadata": {"name": "metallb", "namespace": ns, "uid": format!("uid-{ns}"),
-                        "resourceVersion": "20", "labels": labels,
-                        "creationTimestamp": "2026-01-01T00:00:00Z"},
-           "spec": spec, "status": status})
-}
-
-/// The status `allocate` writes for record version `version`.
-fn allocated(version: u64) -> Value {
-    json!({"state": "Allocated", "message": "4 addresses from IPAMPool metallb",
-           "recordVersion": version, "poolUid": "uid-metallb"})
-}
-
-fn cluster(ns: &str, name: &str, dc: Option<&str>) -> Value {
-    let labels = match dc {
-        Some(dc) => json!({"allot.dev/datacenter": dc}),
-        None => json!({}),
-    };
-    json!({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
-           "metadata": {"namespace": ns, "name": name, "uid": format!("uid-{name}"),
-                        "labels": labels, "creationTimestamp": "2026-01-01T00:00:00Z"},
-           "spec": {}})
-}
-
-fn config_map(ns: &str, data: Value) -> Value {
-    json!({"apiVersion": "v1", "kind": "ConfigMap",
-           "metadata": {"namespace": ns, "name": "allot-ipam-allocations", "resourceVersion": "30"},
-           "data": data})
-}
-
-/// Everything listed: the given objects (Clusters `None`: Cluster API not served).
-fn index(
-    pools: Vec<Value>,
-    objects: Vec<Value>,
-    clusters: Option<Vec<Value>>,
-    maps: Vec<Value>,
-) -> FleetIndex {
-    let dynamic = |v: Value| serde_json::from_value(v).unwrap();
-    let mut i = FleetIndex::new("allot.dev/datacenter");
-    i.reset(
-        pools
-            .into_iter()
-            .map(|p| IpamPoolObject(dynamic(p)))
-            .collect::<Vec<_>>(),
-    );
-    i.reset(
-        objects
-            .into_iter()
-            .map(|o| IpamAllocationObject(dynamic(o)))
-            .collect::<Vec<_>>(),
-    );
-    match clusters {
-        Some(cs) => i.reset(
-            cs.into_iter()
-                .map(|c| CapiClusterObject(dynamic(c)))
-                .collect::<Vec<_>>(),
-        ),
-        None => i.clusters_absent(),
-    }
-    i.reset(
-        maps.into_iter()
-            .map(|m| serde_json::from_value(m).unwrap())
-            .collect::<Vec<ConfigMap>>(),
-    );
-    assert!(i.ready());
-    i
-}
-
-fn recorder(client: &kube::Client) -> Events {
-    Events::new(
-        client.clone(),
-        Reporter {
-            controller: "allot-controller".into(),
-            instance: Some("test".into()),
-        },
-    )
-}
-
-fn reconciler(leadership: Leadership) -> (Reconciler, ApiServerVerifier) {
-    let (client, verifier) = mock_client("default");
-    let recorder = recorder(&client);
-    (
-        Reconciler::new(client, recorder, leadership, "v1beta1"),
-        verifier,
-    )
-}
-
-/// Runs a pass in the background while the test answers its requests.
-fn pass(mut r: Reconciler, work: Work) -> tokio::task::JoinHandle<(Reconciler, Outcome)> {
-    tokio::spawn(async move {
-        let outcome = r.pass(work).await;
-        (r, outcome)
-    })
-}
-
-/// `body` as the API server returns it after a write.
-fn stored(body: &Value, rv: &str) -> Value {
-    let mut o = body.clone();
-    o["metadata"]["resourceVersion"] = json!(rv);
-    o
-}
 
 /// The requests of `allocate` once the pool's record is written with `record` (for the
 /// cluster in `ns`) at `version`: the IPAMAllocation read, its spec and status replaced from
@@ -759,241 +605,126 @@ async fn an_unreadable_pool_is_neither_allocated_from_nor_released_into() {
     );
 }
 
-// ---------------------------------------------------------------------------------------------
-// The workload-cluster copy.
-
-fn kubeconfig_secret(ns: &str, cluster: &str, kubeconfig: &str) -> Value {
-    use k8s_openapi::ByteString;
-    json!({"apiVersion": "v1", "kind": "Secret",
-           "metadata": {"namespace": ns, "name": format!("{cluster}-kubeconfig")},
-           "data": {"value": ByteString(kubeconfig.as_bytes().to_vec())}})
-}
-
-const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: shop\n  cluster:\n    server: https://shop.example:6443\n    certificate-authority-data: Zm9v\ncontexts:\n- name: shop\n  context: {cluster: shop, user: admin}\ncurrent-context: shop\nusers:\n- name: admin\n  user: {token: abc}\n";
-
-/// A copier whose workload clusters are all the second mock.
-fn copier(default_on: bool) -> (WorkloadCopier, ApiServerVerifier, ApiServerVerifier) {
-    let (client, management) = mock_client("default");
-    let (workload_client, workload) = mock_client("default");
-    let connect: Connect = Arc::new(move |_| {
-        let c = workload_client.clone();
-        Box::pin(async move { Ok(c) })
-    });
-    let settings = CopySettings {
-        default_on,
-        namespace: "kube-system".into(),
-        timeout: Duration::from_secs(5),
-        resync: Duration::from_secs(3600),
-        cluster_api_version: "v1beta1".into(),
-    };
-    let recorder = recorder(&client);
-    (
-        WorkloadCopier::new(client, recorder, Leadership::always(), settings, connect),
-        management,
-        workload,
-    )
-}
-
-fn with_annotation(mut c: Value, value: &str) -> Value {
-    c["metadata"]["annotations"] = json!({"allot.dev/workload-configmap": value});
-    c
-}
-
 #[tokio::test]
-async fn the_configmap_is_copied_into_the_workload_cluster_and_kept_there() {
-    let data = json!({"metallb": "10.0.0.2-10.0.0.5"});
+async fn an_allocation_made_before_allot_is_adopted_and_labelled_for_its_cluster() {
+    // Made by another allocator (unlabelled, no record), in the namespace of a Cluster.
+    let held = range_record("hamburg", &["10.0.0.200-10.0.0.203"]);
+    let migrated = allocation("cluster-a", None, held.clone(), Value::Null);
     let i = index(
-        vec![],
-        vec![],
-        Some(vec![
-            cluster("cluster-a", "shop", Some("hamburg")),
-            with_annotation(cluster("cluster-b", "lab", Some("hamburg")), "false"),
-        ]),
-        vec![
-            config_map("cluster-a", data.clone()),
-            config_map("cluster-b", data.clone()),
-        ],
-    );
-    let (targets, notices) = copies(&i, true);
-    assert!(notices.is_empty());
-    assert_eq!(targets.len(), 1, "lab's annotation turns it off");
-    let (mut copier, mut management, mut workload) = copier(true);
-    let round = tokio::spawn(async move {
-        copier.round(targets, Vec::new()).await;
-        copier
-    });
-    let (_, send) = management
-        .expect(
-            "GET",
-            "/api/v1/namespaces/cluster-a/secrets/shop-kubeconfig",
-        )
-        .await;
-    answer(
-        send,
-        200,
-        kubeconfig_secret("cluster-a", "shop", KUBECONFIG),
-    );
-    let path = "/api/v1/namespaces/kube-system/configmaps";
-    let (_, send) = workload
-        .expect("GET", &format!("{path}/allot-ipam-allocations"))
-        .await;
-    answer(send, 404, refusal(404, "NotFound", "not found"));
-    let (body, send) = workload.expect("POST", path).await;
-    assert_eq!(body["data"], data);
-    assert_eq!(
-        body["metadata"]["labels"]["app.kubernetes.io/managed-by"],
-        "allot-controller"
-    );
-    assert_eq!(
-        body["metadata"]["annotations"]["allot.dev/copied-from"],
-        "cluster-a/shop"
-    );
-    answer(send, 201, stored(&body, "1"));
-    let (body, send) = management.expect("POST", &events("cluster-a")).await;
-    assert_eq!(body["reason"], "WorkloadConfigMapWritten");
-    assert_eq!(body["type"], "Normal");
-    answer(send, 201, body);
-    let mut copier = round.await.unwrap();
-    management.expect_nothing(QUIET).await;
-    workload.expect_nothing(Duration::from_millis(10)).await;
-
-    // The same data again: nothing to do before the resync.
-    let (targets, _) = copies(&i, true);
-    copier.round(targets, Vec::new()).await;
-
-    // A grown range: replaced, carrying the resourceVersion read.
-    let grown = json!({"metallb": "10.0.0.2-10.0.0.5,10.0.0.9-10.0.0.10"});
-    let i = index(
-        vec![],
-        vec![],
+        vec![pool(json!({"hamburg": hamburg(false)}), json!({}), 0)],
+        vec![migrated.clone()],
         Some(vec![cluster("cluster-a", "shop", Some("hamburg"))]),
-        vec![config_map("cluster-a", grown.clone())],
+        vec![],
     );
-    let (targets, _) = copies(&i, true);
-    let round = tokio::spawn(async move { copier.round(targets, Vec::new()).await });
-    let (_, send) = management
+    let work = wants(&i);
+    assert_eq!(work.allocations.len(), 1);
+    assert!(!work.allocations[0].create_request);
+    let (r, mut v) = reconciler(Leadership::always());
+    let running = pass(r, work);
+
+    let path = format!("{}/metallb", allocations("cluster-a"));
+    let (_, send) = v.expect("GET", &path).await;
+    answer(send, 200, migrated.clone());
+    let (_, send) = v.expect("GET", &format!("{POOLS}/metallb")).await;
+    answer(
+        send,
+        200,
+        pool(json!({"hamburg": hamburg(false)}), json!({}), 0),
+    );
+    let (body, send) = v.expect("PUT", &format!("{POOLS}/metallb/status")).await;
+    assert_eq!(
+        body["status"]["allocations"],
+        json!({"cluster-a": held}),
+        "kept as it was"
+    );
+    answer(send, 200, stored(&body, "51"));
+    // The spec is already the record: only the status is written.
+    let (_, send) = v.expect("GET", &path).await;
+    answer(send, 200, migrated.clone());
+    let (body, send) = v.expect("PUT", &format!("{path}/status")).await;
+    assert_eq!(body["status"], allocated(1));
+    answer(send, 200, stored(&body, "21"));
+    let (_, send) = v
         .expect(
-            "GET",
-            "/api/v1/namespaces/cluster-a/secrets/shop-kubeconfig",
+            "PATCH",
+            &format!("{}/allot-ipam-allocations", config_maps("cluster-a")),
         )
         .await;
     answer(
         send,
         200,
-        kubeconfig_secret("cluster-a", "shop", KUBECONFIG),
+        config_map("cluster-a", json!({"metallb": "10.0.0.200-10.0.0.203"})),
     );
-    let (_, send) = workload
-        .expect("GET", &format!("{path}/allot-ipam-allocations"))
-        .await;
-    let mut existing = config_map("kube-system", data);
-    existing["metadata"]["labels"] =
-        json!({"app.kubernetes.io/managed-by": "allot-controller", "team": "net"});
-    answer(send, 200, existing);
-    let (body, send) = workload
-        .expect("PUT", &format!("{path}/allot-ipam-allocations"))
-        .await;
-    assert_eq!(body["metadata"]["resourceVersion"], "30");
-    assert_eq!(body["data"], grown);
+    // Then it is labelled: it goes with its Cluster from now on.
+    let (body, send) = v.expect("PATCH", &path).await;
     assert_eq!(
-        body["metadata"]["labels"]["team"], "net",
-        "other labels kept"
+        body,
+        json!({"metadata": {"labels": {"cluster.x-k8s.io/cluster-name": "shop"}}})
     );
-    answer(send, 200, stored(&body, "31"));
-    // A new Event of the same reason, with its own note.
-    let (body, send) = management.expect("POST", &events("cluster-a")).await;
-    assert!(
-        body["note"].as_str().unwrap().ends_with("updated"),
-        "{body}"
-    );
-    answer(send, 201, body);
-    round.await.unwrap();
+    let mut labelled = migrated;
+    labelled["metadata"]["labels"] = json!({"cluster.x-k8s.io/cluster-name": "shop"});
+    answer(send, 200, labelled);
+    v.expect_nothing(QUIET).await;
+    assert_eq!(running.await.unwrap().1.allocated, 1);
 }
 
-#[tokio::test]
-async fn a_copy_that_fails_is_an_event_retried_later_and_never_runs_a_kubeconfigs_command() {
+#[test]
+fn of_two_clusters_in_one_namespace_the_one_holding_its_allocations_is_served() {
+    let record = range_record("hamburg", &["10.0.0.2-10.0.0.5"]);
+    let mut older = cluster("cluster-a", "older", Some("hamburg"));
+    older["metadata"]["creationTimestamp"] = json!("2025-01-01T00:00:00Z");
     let i = index(
-        vec![],
-        vec![],
-        Some(vec![with_annotation(
-            cluster("cluster-a", "shop", Some("hamburg")),
-            "true",
-        )]),
+        vec![pool(
+            json!({"hamburg": hamburg(false)}),
+            json!({"cluster-a": record}),
+            1,
+        )],
+        vec![allocation(
+            "cluster-a",
+            Some("shop"),
+            record.clone(),
+            allocated(1),
+        )],
+        Some(vec![cluster("cluster-a", "shop", Some("hamburg")), older]),
         vec![config_map(
             "cluster-a",
             json!({"metallb": "10.0.0.2-10.0.0.5"}),
         )],
     );
-    // Off by default, on by the annotation.
-    let (targets, _) = copies(&i, false);
-    assert_eq!(targets.len(), 1);
-    let (mut copier, mut management, mut workload) = copier(false);
-    let round = tokio::spawn(async move {
-        let next = copier.round(targets, Vec::new()).await;
-        (copier, next)
-    });
-    let (_, send) = management
-        .expect(
-            "GET",
-            "/api/v1/namespaces/cluster-a/secrets/shop-kubeconfig",
-        )
-        .await;
-    answer(send, 404, refusal(404, "NotFound", "not found"));
-    let (body, send) = management.expect("POST", &events("cluster-a")).await;
-    assert_eq!(body["reason"], "WorkloadConfigMapFailed");
-    assert_eq!(body["type"], "Warning");
+    let work = wants(&i);
     assert!(
-        body["note"]
-            .as_str()
-            .unwrap()
-            .contains("no Secret cluster-a/shop-kubeconfig: Cluster API writes it once"),
-        "{body}"
+        work.releases.is_empty() && work.allocations.is_empty(),
+        "{work:?}"
     );
-    answer(send, 201, body);
-    let (mut copier, next) = round.await.unwrap();
-    let next = next.expect("a retry is due");
-    assert!(next <= tokio::time::Instant::now() + Duration::from_secs(10));
-    // Not retried before its time.
-    let (targets, _) = copies(&i, false);
-    copier.round(targets, Vec::new()).await;
-    management.expect_nothing(QUIET).await;
-
-    // A kubeconfig that would run a command: refused before any connection.
-    let exec = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://x:6443'}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user:\n    exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: ['-c', 'touch /tmp/pwned']}\n";
-    let target = copies(&i, false).0.remove(0);
-    let copying = tokio::spawn(async move { copier.copy(&target).await });
-    let (_, send) = management
-        .expect(
-            "GET",
-            "/api/v1/namespaces/cluster-a/secrets/shop-kubeconfig",
-        )
-        .await;
-    answer(send, 200, kubeconfig_secret("cluster-a", "shop", exec));
-    let e = copying.await.unwrap().unwrap_err();
-    assert!(e.contains("authenticates by running a command"), "{e}");
-    workload.expect_nothing(QUIET).await;
-}
-
-#[tokio::test]
-async fn an_annotation_that_is_not_true_or_false_copies_nothing_and_says_so() {
-    let i = index(
-        vec![],
-        vec![],
-        Some(vec![with_annotation(
-            cluster("cluster-a", "shop", Some("hamburg")),
-            "yes",
-        )]),
-        vec![config_map(
-            "cluster-a",
-            json!({"metallb": "10.0.0.2-10.0.0.5"}),
-        )],
-    );
-    let (targets, notices) = copies(&i, true);
-    assert!(targets.is_empty());
-    assert_eq!(notices.len(), 1);
+    assert_eq!(work.notices.len(), 1);
+    assert_eq!(work.notices[0].cluster.name, "older");
+    assert_eq!(work.notices[0].reason, "NamespaceShared");
     assert!(
-        notices[0]
+        work.notices[0]
             .message
-            .contains("is \"yes\": write \"true\" or \"false\"")
+            .starts_with("namespace cluster-a is Cluster shop's")
     );
-    let _ = BTreeMap::<String, String>::new();
+}
+
+#[test]
+fn a_cluster_being_deleted_keeps_its_range_until_it_is_gone() {
+    let record = range_record("hamburg", &["10.0.0.2-10.0.0.5"]);
+    let mut deleting = cluster("cluster-a", "shop", Some("hamburg"));
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-02-01T00:00:00Z");
+    deleting["metadata"]["finalizers"] = json!(["cluster.cluster.x-k8s.io"]);
+    let i = index(
+        vec![pool(
+            json!({"hamburg": hamburg(false)}),
+            json!({"cluster-a": record}),
+            1,
+        )],
+        vec![allocation("cluster-a", Some("shop"), record, allocated(1))],
+        Some(vec![deleting]),
+        vec![config_map(
+            "cluster-a",
+            json!({"metallb": "10.0.0.2-10.0.0.5"}),
+        )],
+    );
+    let work = wants(&i);
+    assert!(work.is_empty() && work.notices.is_empty(), "{work:?}");
 }
