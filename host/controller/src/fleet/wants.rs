@@ -28,8 +28,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use allot_core::fleet::{Allocation, FleetPool, allocate};
 use allot_fleet::decide::{in_datacenter, records};
-use allot_fleet::{Change, Current, FleetCluster, Refusal, decide};
+use allot_fleet::{Current, FleetCluster, Refusal, decide};
 use allot_index::fleet::CLUSTER_NAME_LABEL;
 use allot_index::{ClusterEntry, FleetAllocationEntry, FleetIndex, FleetPoolEntry};
 use allot_k8s::{AllocationState, IPAMAllocationSpec};
@@ -363,6 +364,13 @@ pub fn wants(index: &FleetIndex) -> Work {
                 });
             }
         }
+        // Each datacenter's pool checked once per pass, not once per cluster.
+        let checked: BTreeMap<&str, Option<FleetPool>> = p
+            .spec
+            .datacenters
+            .iter()
+            .map(|(dc, e)| (dc.as_str(), FleetPool::try_from(e).ok()))
+            .collect();
         let mut adopting = Vec::new();
         let mut rest = Vec::new();
         for (ns, (cluster, owner)) in asking {
@@ -372,6 +380,7 @@ pub fn wants(index: &FleetIndex) -> Work {
                 pool,
                 entry: p,
                 records: &recorded,
+                checked: &checked,
                 object,
                 config_map,
             };
@@ -441,7 +450,8 @@ fn refused_as(a: &FleetAllocationEntry, message: &str) -> bool {
 struct State<'a> {
     pool: &'a str,
     entry: &'a FleetPoolEntry,
-    records: &'a BTreeMap<String, (String, allot_core::fleet::Allocation)>,
+    records: &'a BTreeMap<String, (String, Allocation)>,
+    checked: &'a BTreeMap<&'a str, Option<FleetPool>>,
     object: Option<&'a FleetAllocationEntry>,
     config_map: Option<&'a String>,
 }
@@ -467,18 +477,24 @@ impl State<'_> {
             .get(ns)
             .filter(|(d, _)| d == dc)
             .map(|(_, a)| a);
-        let adoptable = self
-            .object
-            .filter(|o| o.spec.dc == *dc)
-            .and_then(|o| o.spec.allocation().ok().flatten());
+        // Read only when there is no record.
+        let adoptable = match recorded {
+            Some(_) => None,
+            None => self
+                .object
+                .filter(|o| o.spec.dc == *dc)
+                .and_then(|o| o.spec.allocation().ok().flatten()),
+        };
         let current = match (recorded, &adoptable) {
             (Some(a), _) => Current::Recorded(a),
             (None, Some(a)) => Current::Adopted(a),
             (None, None) => Current::None,
         };
+        // A recorded allocation is kept when core keeps it (what `decide` does for it); that
+        // never looks at the other clusters, so it is decided alone, at no cost.
         if let Some(a) = recorded
-            // A kept allocation never looks at the others: decided alone, it costs nothing.
-            && let Ok((_, Change::Kept)) = decide(self.pool, dc, entry, &[], ns, current)
+            && let Some(Some(checked)) = self.checked.get(dc.as_str())
+            && allocate(checked, &[], ns, Some(a)).as_ref() == Ok(a)
         {
             let written = self.object.is_some_and(|o| {
                 o.spec == IPAMAllocationSpec::recording(a, dc)
