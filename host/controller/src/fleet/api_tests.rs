@@ -151,14 +151,10 @@ async fn a_deleted_cluster_is_released() {
         json!({"cluster-a": record}),
         1,
     );
+    let labelled = allocation("cluster-a", Some("shop"), record.clone(), allocated(1));
     let i = index(
         vec![held.clone()],
-        vec![allocation(
-            "cluster-a",
-            Some("shop"),
-            record.clone(),
-            allocated(1),
-        )],
+        vec![labelled.clone()],
         // Another Cluster, in a datacenter the pool does not serve.
         Some(vec![cluster("cluster-b", "lab", Some("paris"))]),
         vec![config_map(
@@ -174,8 +170,14 @@ async fn a_deleted_cluster_is_released() {
             .contains("no Cluster and no request in namespace cluster-a")
     );
     let (r, mut v) = reconciler(Leadership::always());
-    let running = pass(r, work);
+    let running = pass(r, work.clone());
 
+    // Read fresh first: no Cluster in the namespace, and its IPAMAllocation is the Cluster's.
+    let (_, send) = v.expect("GET", CLUSTERS_A).await;
+    answer(send, 200, no_clusters());
+    let path = format!("{}/metallb", allocations("cluster-a"));
+    let (_, send) = v.expect("GET", &path).await;
+    answer(send, 200, labelled.clone());
     let (_, send) = v.expect("GET", &format!("{POOLS}/metallb")).await;
     answer(send, 200, held);
     let (body, send) = v.expect("PUT", &format!("{POOLS}/metallb/status")).await;
@@ -207,8 +209,31 @@ async fn a_deleted_cluster_is_released() {
     );
     answer(send, 200, config_map("cluster-a", json!({"other": "x"})));
     v.expect_nothing(QUIET).await;
-    let (_, outcome) = running.await.unwrap();
+    let (r, outcome) = running.await.unwrap();
     assert_eq!(outcome.released, 1);
+
+    // Had the Cluster's watch been behind (the Cluster exists when read fresh), nothing goes.
+    let running = pass(r, work.clone());
+    let (_, send) = v.expect("GET", CLUSTERS_A).await;
+    let mut listed = no_clusters();
+    listed["items"] = json!([{"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"namespace": "cluster-a", "name": "shop"}}]);
+    answer(send, 200, listed);
+    v.expect_nothing(QUIET).await;
+    let (r, outcome) = running.await.unwrap();
+    assert_eq!(outcome.released, 0);
+    // Nor had a request been created meanwhile.
+    let running = pass(r, work);
+    let (_, send) = v.expect("GET", CLUSTERS_A).await;
+    answer(send, 200, no_clusters());
+    let (_, send) = v.expect("GET", &path).await;
+    answer(
+        send,
+        200,
+        allocation("cluster-a", None, json!({"dc": "hamburg"}), Value::Null),
+    );
+    v.expect_nothing(QUIET).await;
+    assert_eq!(running.await.unwrap().1.released, 0);
 }
 
 #[tokio::test]

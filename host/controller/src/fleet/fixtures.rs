@@ -15,6 +15,14 @@ use super::wants::Work;
 use crate::lease::Leadership;
 
 pub(super) const POOLS: &str = "/apis/allot.dev/v1alpha1/ipampools";
+/// The list of Clusters in namespace cluster-a, as metadata.
+pub(super) const CLUSTERS_A: &str = "/apis/cluster.x-k8s.io/v1beta1/namespaces/cluster-a/clusters";
+
+pub(super) fn no_clusters() -> Value {
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+           "metadata": {"resourceVersion": "9"}, "items": []})
+}
+
 pub(super) const QUIET: Duration = Duration::from_millis(300);
 
 pub(super) fn allocations(ns: &str) -> String {

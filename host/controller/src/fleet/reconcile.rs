@@ -9,13 +9,15 @@ use std::collections::{BTreeMap, HashMap};
 
 use allot_fleet::{FleetApiError, FleetCluster, allocate, release, sync};
 use allot_index::fleet::CLUSTER_NAME_LABEL;
-use allot_k8s::{IPAMAllocation, IPAMAllocationSpec};
+use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMPool};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::json;
 
-use super::wants::{Allocate, ClusterRef, Notice, Work, cluster_label};
+use super::wants::{Allocate, ClusterRef, Notice, Release, Work, cluster_label};
 use crate::lease::Leadership;
 
 /// Publishes Events, each one new. kube's `Recorder` folds an Event of the same reason about
@@ -91,6 +93,18 @@ impl Reconciler {
         for r in &work.releases {
             if !self.leading(&mut out) {
                 return out;
+            }
+            match self.still_unasked(r).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(pool = %r.pool, namespace = %r.namespace, "not released: the index is behind the API; the watch will tell");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %r.pool, namespace = %r.namespace, "cannot check before releasing: {e}; the fleet pass stops and is retried");
+                    out.retry = true;
+                    return out;
+                }
             }
             match release(&self.client, &r.pool, &r.namespace).await {
                 Ok(released) => {
@@ -171,6 +185,49 @@ impl Reconciler {
             }
         }
         out
+    }
+
+    /// Whether what made `r` a release is still so when read fresh: no Cluster in the
+    /// namespace, no request, no pool, as the index said.
+    async fn still_unasked(&self, r: &Release) -> Result<bool, kube::Error> {
+        let ns = &r.namespace;
+        if r.recheck.cluster {
+            let gvk =
+                GroupVersionKind::gvk("cluster.x-k8s.io", &self.cluster_api_version, "Cluster");
+            let resource = ApiResource::from_gvk_with_plural(&gvk, "clusters");
+            let clusters: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), ns, &resource);
+            match clusters
+                .list_metadata(&ListParams::default().limit(1))
+                .await
+            {
+                Ok(list) if !list.items.is_empty() => return Ok(false),
+                Ok(_) => {}
+                // No longer served: no Cluster there either.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if r.recheck.request {
+            let objects: Api<IPAMAllocation> = Api::namespaced(self.client.clone(), ns);
+            if let Some(o) = objects.get_opt(&r.pool).await? {
+                let labelled = o
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(CLUSTER_NAME_LABEL));
+                if !labelled && o.metadata.deletion_timestamp.is_none() {
+                    return Ok(false);
+                }
+            }
+        }
+        if r.recheck.pool {
+            let pools: Api<IPAMPool> = Api::all(self.client.clone());
+            if pools.get_opt(&r.pool).await?.is_some() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     fn leading(&self, out: &mut Outcome) -> bool {

@@ -62,6 +62,33 @@ pub struct Release {
     pub pool: String,
     pub namespace: String,
     pub why: String,
+    /// What the index said was missing, to be read again fresh right before releasing: a
+    /// watch that lags must not cost a cluster its range.
+    pub recheck: Recheck,
+}
+
+/// What a release reads again first; each is a reason not to release now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recheck {
+    /// A Cluster API Cluster in the namespace.
+    pub cluster: bool,
+    /// An IPAMAllocation of the pool in the namespace that is a request (not labelled for a
+    /// Cluster, not being deleted).
+    pub request: bool,
+    /// The IPAMPool itself.
+    pub pool: bool,
+}
+
+impl Recheck {
+    /// Nobody in `ns` asks: no Cluster there (when Cluster API is served) and no request.
+    fn nobody(index: &FleetIndex, tenants: &Tenants<'_>, ns: &str) -> Recheck {
+        let no_tenant = !tenants.contains_key(ns);
+        Recheck {
+            cluster: no_tenant && index.clusters().is_some(),
+            request: no_tenant,
+            pool: false,
+        }
+    }
 }
 
 /// A request that cannot be served, with the reason for its status.
@@ -332,6 +359,10 @@ pub fn wants(index: &FleetIndex) -> Work {
                             pool: pool.to_string(),
                             namespace: ns.to_string(),
                             why: format!("there is no IPAMPool {pool}"),
+                            recheck: Recheck {
+                                pool: true,
+                                ..Recheck::nobody(index, &tenants, ns)
+                            },
                         }),
                     }
                 }
@@ -352,6 +383,7 @@ pub fn wants(index: &FleetIndex) -> Work {
                     pool: pool.to_string(),
                     namespace: ns.clone(),
                     why: gone(index, &tenants, ns, dc),
+                    recheck: Recheck::nobody(index, &tenants, ns),
                 });
             }
         }
@@ -361,6 +393,7 @@ pub fn wants(index: &FleetIndex) -> Work {
                     pool: pool.to_string(),
                     namespace: ns.to_string(),
                     why: gone(index, &tenants, ns, &a.spec.dc),
+                    recheck: Recheck::nobody(index, &tenants, ns),
                 });
             }
         }
