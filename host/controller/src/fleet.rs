@@ -55,34 +55,39 @@ pub use workload::{CopySettings, WorkloadCopier, connect_with_kubeconfig};
 /// The label `allotctl fleet plan` reads a Cluster's datacenter from, too.
 pub const DATACENTER_LABEL: &str = "allot.dev/datacenter";
 
-/// The flags of fleet ranges.
+/// The flags of fleet ranges. Their ids are prefixed: flattened beside the other components'
+/// flags, an `enabled` or `resync_seconds` of their own would be taken for another's.
 #[derive(Clone, Debug, clap::Args)]
 pub struct FleetArgs {
     /// Allocate fleet ranges from IPAMPools for Cluster API clusters and IPAMAllocation requests
     /// (`--fleet=false` leaves them alone).
-    #[arg(long = "fleet", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    #[arg(id = "fleet_enabled", long = "fleet", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub enabled: bool,
     /// The label of a Cluster API `Cluster` that names its datacenter (as `allotctl fleet plan
     /// --datacenter-label`).
-    #[arg(long = "fleet-datacenter-label", default_value = DATACENTER_LABEL, value_parser = label_key)]
+    #[arg(id = "fleet_datacenter_label", long = "fleet-datacenter-label", default_value = DATACENTER_LABEL, value_parser = label_key)]
     pub datacenter_label: String,
     /// The version of Cluster API's `clusters.cluster.x-k8s.io` to watch.
-    #[arg(long = "fleet-cluster-api-version", default_value = "v1beta1", value_parser = api_version)]
+    #[arg(id = "fleet_cluster_api_version", long = "fleet-cluster-api-version", default_value = "v1beta1", value_parser = api_version)]
     pub cluster_api_version: String,
     /// Sync every IPAMPool in full at least this often (changes are acted on at once).
-    #[arg(long = "fleet-resync-seconds", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(id = "fleet_resync_seconds", long = "fleet-resync-seconds", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub resync_seconds: u64,
     /// Copy each Cluster API cluster's ConfigMap allot-ipam-allocations into its workload
     /// cluster (a Cluster's annotation allot.dev/workload-configmap "true" or "false" decides
     /// for that Cluster).
-    #[arg(long = "fleet-workload-configmap", default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    #[arg(id = "fleet_workload_configmap", long = "fleet-workload-configmap", default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub workload_configmap: bool,
     /// The namespace of the copy in the workload cluster.
-    #[arg(long = "fleet-workload-namespace", default_value = "kube-system")]
+    #[arg(
+        id = "fleet_workload_namespace",
+        long = "fleet-workload-namespace",
+        default_value = "kube-system"
+    )]
     pub workload_namespace: String,
     /// The most one copy into a workload cluster may take (reading the kubeconfig, connecting,
     /// writing).
-    #[arg(long = "fleet-workload-timeout-seconds", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    #[arg(id = "fleet_workload_timeout_seconds", long = "fleet-workload-timeout-seconds", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub workload_timeout_seconds: u64,
 }
 
