@@ -5,7 +5,7 @@
 //! loop retries with backoff) and goes on past a refusal or a lost race, which concern one
 //! cluster.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use allot_fleet::{FleetApiError, FleetCluster, allocate, release, sync};
 use allot_index::fleet::CLUSTER_NAME_LABEL;
@@ -41,6 +41,11 @@ impl Events {
             .await
     }
 }
+
+/// The reason of the Event that tells a Cluster its allocation was refused.
+const REFUSED: &str = "FleetAllocationRefused";
+/// Events remembered as told, at most.
+const MAX_REMEMBERED: usize = 100_000;
 
 /// What a pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -151,6 +156,25 @@ impl Reconciler {
         }
         for n in &work.notices {
             self.publish(n, "").await;
+        }
+        // A notice that no longer holds (the label is back) is told again if it comes back;
+        // refusals are told once per reason, and the memory of them stays bounded.
+        let current: HashSet<(&str, &str, &str)> = work
+            .notices
+            .iter()
+            .map(|n| {
+                (
+                    n.cluster.namespace.as_str(),
+                    n.cluster.name.as_str(),
+                    n.reason,
+                )
+            })
+            .collect();
+        self.published.retain(|(ns, name, reason, _), _| {
+            *reason == REFUSED || current.contains(&(ns.as_str(), name.as_str(), *reason))
+        });
+        if self.published.len() > MAX_REMEMBERED {
+            self.published.clear();
         }
         out
     }
@@ -296,7 +320,7 @@ impl Reconciler {
                 if let Some(owner) = &a.owner {
                     let notice = Notice {
                         cluster: owner.clone(),
-                        reason: "FleetAllocationRefused",
+                        reason: REFUSED,
                         message: note,
                     };
                     self.publish(&notice, &a.pool).await;

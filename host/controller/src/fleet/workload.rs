@@ -252,6 +252,12 @@ impl WorkloadCopier {
         targets: Vec<CopyTarget>,
         notices: Vec<Notice>,
     ) -> Option<Instant> {
+        // A cluster whose annotation was fixed is told again if it breaks again.
+        self.told.retain(|(ns, name), _| {
+            notices
+                .iter()
+                .any(|n| n.cluster.namespace == *ns && n.cluster.name == *name)
+        });
         for n in notices {
             let key = (n.cluster.namespace.clone(), n.cluster.name.clone());
             if self.told.get(&key) != Some(&n.message) {
