@@ -1,6 +1,7 @@
 //! allotctl: the command people type. `policy test|explain|bench` for policy authors.
 
 mod fleet_cmd;
+mod gc_cmd;
 mod harness;
 mod policy_cmd;
 mod scenario;
@@ -40,6 +41,8 @@ enum Command {
     /// Pools, subnets and reserved addresses kept in etcd (`--store etcd://…`).
     #[command(subcommand)]
     Pool(store_cmd::PoolCommand),
+    /// Leaked addresses: what garbage collection would release, and why (`--dry-run`).
+    Gc(gc_cmd::GcCommand),
     /// Fleet ranges: per-cluster ranges and prefixes from IPAMPools.
     #[command(subcommand)]
     Fleet(fleet_cmd::FleetCommand),
@@ -196,6 +199,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Claims(c) => store_cmd::claims_command(&cli.store, c),
         Command::Pool(c) => store_cmd::pool_command(&cli.store, c),
         Command::Fleet(c) => fleet_cmd::fleet_command(c),
+        Command::Gc(c) => gc_cmd::gc_command(&cli.store, &c),
         Command::Crds { out } => crds(out.as_deref()),
     }
 }

@@ -220,3 +220,65 @@ impl ControllerArgs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(argv: &[&str], env: &[(&str, &str)]) -> Result<ControllerArgs, clap::Error> {
+        let env: std::collections::HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let matches = ControllerArgs::command().try_get_matches_from(
+            std::iter::once("allot-controller").chain(argv.iter().copied()),
+        )?;
+        ControllerArgs::from_matches(&matches, |k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn the_defaults_are_spiderpools() {
+        let gc = parse(&[], &[]).unwrap().gc.settings();
+        assert_eq!(gc.table, GcConfig::default());
+        assert_eq!(gc.interval, Duration::from_secs(600));
+        assert_eq!(gc.grace, 60);
+        assert!(!gc.clean_outdated_endpoints);
+    }
+
+    #[test]
+    fn spiderpools_variables_apply_where_allots_are_not_given() {
+        let args = parse(
+            &["--gc-interval", "30"],
+            &[
+                ("SPIDERPOOL_GC_IP_ENABLED", "false"),
+                ("SPIDERPOOL_GC_ADDITIONAL_GRACE_DELAY", "15"),
+                ("SPIDERPOOL_GC_DEFAULT_INTERVAL_DURATION", "900"),
+                (
+                    "SPIDERPOOL_GC_ENABLE_STATELESS_RUNNING_POD_ON_EMPTY_POD_STATUS_IPS",
+                    "TRUE",
+                ),
+            ],
+        )
+        .unwrap();
+        assert!(!args.gc.gc_enabled);
+        assert_eq!(args.gc.gc_additional_grace_delay, 15);
+        assert!(args.gc.gc_running_on_empty_pod_ips);
+        assert_eq!(
+            args.gc.gc_interval, 30,
+            "the flag given wins over Spiderpool's variable"
+        );
+    }
+
+    #[test]
+    fn a_malformed_spiderpool_variable_is_an_error_naming_it() {
+        let err = parse(&[], &[("SPIDERPOOL_GC_ADDITIONAL_GRACE_DELAY", "10s")])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("SPIDERPOOL_GC_ADDITIONAL_GRACE_DELAY"),
+            "{err}"
+        );
+        assert!(err.contains("whole seconds"), "{err}");
+    }
+}

@@ -17,6 +17,7 @@
 //! collector look at that pod's claims at once and again when they may be due.
 
 mod recheck;
+pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -147,14 +147,16 @@ impl PoolLifecycle {
                 (ObjectKind::Subnet, Ok(Object::Subnet(s))) => Some(subnet_counts(s, &pools)),
                 _ => None,
             };
+            // The finalizer first: its patch carries the resourceVersion read, which a status
+            // write would change.
+            if entry.observed.kind == ObjectKind::IpPool {
+                self.finalize(entry, &mut round).await;
+            }
             if let Some((allocated, total)) = wanted
                 && entry.status != (Some(allocated), Some(total))
                 && self.write_status(entry, allocated, total).await
             {
                 round.status_written.push(name.to_string());
-            }
-            if entry.observed.kind == ObjectKind::IpPool {
-                self.finalize(entry, &mut round).await;
             }
         }
         self.forget_deleted_pools(&entries);
