@@ -61,6 +61,7 @@ bench: build policies
 	$(CARGO) bench --locked -p allot-e2e --bench probe_latency
 	$(CARGO) bench --locked -p allot-controller --bench gc_scan
 	$(CARGO) bench --locked -p allot-controller --bench admission
+	$(CARGO) bench --locked -p allot-controller --bench fleet_pass
 
 # One fuzzing campaign (AFL++ through cargo-afl, installed on first use; never part of `make
 # test`, which replays the committed corpora). Stops after EXECS executions or TIME seconds,

@@ -59,6 +59,8 @@ pub struct ControllerArgs {
     pub webhook: crate::webhook::WebhookArgs,
     #[command(flatten)]
     pub auto_pools: crate::autopool::AutoPoolArgs,
+    #[command(flatten)]
+    pub fleet: crate::fleet::FleetArgs,
 }
 
 /// The GC decision table's settings, shared by `allot-controller` and `allotctl gc`.

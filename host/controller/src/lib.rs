@@ -6,6 +6,8 @@
 //!   deciding with core's table (`allot_core::gc::decide`).
 //! - [`autopool`]: subnet auto-pools: a pool carved from a Subnet per workload that names it,
 //!   grown and shrunk with the workload, deleted with it.
+//! - [`fleet`]: fleet ranges: each cluster of a fleet (Cluster API `Cluster`s, IPAMAllocation
+//!   requests) gets its own range or prefix from the IPAMPools serving its datacenter.
 //! - [`pools`]: pool lifecycle: status counts derived from the claims, the finalizer that keeps
 //!   a pool with claims from disappearing.
 //! - [`webhook`]: the admission webhooks, served by every replica, with the certificate and the
@@ -13,6 +15,7 @@
 
 pub mod args;
 pub mod autopool;
+pub mod fleet;
 pub mod gc;
 pub mod lease;
 pub mod metrics;

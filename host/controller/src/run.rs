@@ -178,6 +178,15 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         }
         .run(stopped(stop_rx.clone())),
     );
+    let fleet = tokio::spawn(
+        crate::fleet::FleetController {
+            client: client.clone(),
+            leadership: leadership.clone(),
+            args: args.fleet.clone(),
+            instance: identity.clone(),
+        }
+        .run(stopped(stop_rx.clone())),
+    );
 
     // Ready once the index has listed what GC and pool lifecycle read.
     let readiness = {
@@ -216,6 +225,7 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         let _ = gc.await;
         let _ = pools.await;
         let _ = auto_pools.await;
+        let _ = fleet.await;
         let _ = webhook.await;
     })
     .await;

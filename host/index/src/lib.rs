@@ -20,6 +20,10 @@
 //! template carries allot's annotations (Deployments, StatefulSets, ReplicaSets and Jobs of their
 //! own, DaemonSets, CronJobs) and the IPPools, Subnets and ReservedIPs that carving reads.
 //!
+//! The controller's [`FleetIndex`] holds, for fleet ranges, the IPAMPools with their records,
+//! the IPAMAllocations, Cluster API `Cluster`s (their datacenter label) and the ConfigMaps the
+//! allocations are projected into.
+//!
 //! Every change goes through [`SharedIndex::update`], which counts it and wakes whoever waits
 //! for one (an ADD waiting for its pod to reach the cache). [`feed`] turns a watch stream into
 //! those updates: objects listed after a (re)start replace the kind's contents at once, when
@@ -28,6 +32,7 @@
 mod allot;
 pub mod cluster;
 mod feed;
+pub mod fleet;
 mod index;
 pub mod multus;
 mod resources;
@@ -36,5 +41,9 @@ mod workloads;
 pub use allot::{PoolObject, ReservedObject, SubnetObject};
 pub use cluster::{ClusterIndex, ClusterKind, EndpointObject, PodEntry};
 pub use feed::{IndexResource, feed};
+pub use fleet::{
+    CapiClusterObject, ClusterEntry, FleetAllocationEntry, FleetIndex, FleetKind, FleetPoolEntry,
+    IpamAllocationObject, IpamPoolObject,
+};
 pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, Shared, SharedIndex};
 pub use workloads::{PoolEntry, WorkloadEntry, WorkloadIndex, WorkloadKey, WorkloadKind};
