@@ -17,7 +17,8 @@ use crate::gc::GcSettings;
     name = "allot-controller",
     version,
     about = "allot's cluster-wide controller: garbage collection of leaked addresses, pool status \
-             and finalizers, subnet auto-pools and admission webhooks; one leader per cluster"
+             and finalizers, subnet auto-pools, admission webhooks and fleet ranges; one leader \
+             per cluster"
 )]
 pub struct ControllerArgs {
     /// A kubeconfig file; without it `$KUBECONFIG`, `~/.kube/config` or the in-cluster

@@ -30,7 +30,6 @@ use allot_k8s::{IPPool, ReservedIP, Subnet};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinSet;
 
@@ -88,13 +87,7 @@ impl AutoPools {
         }
         let index = Shared::of(WorkloadIndex::new());
         let _watches = watch(&index, &self.client);
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: "allot-controller".into(),
-                instance: Some(self.instance.clone()),
-            },
-        );
+        let recorder = crate::events::Events::new(self.client.clone(), &self.instance);
         let reconciler = Reconciler::new(
             self.client.clone(),
             recorder,

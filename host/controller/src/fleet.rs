@@ -42,7 +42,6 @@ use allot_k8s::{IPAMAllocation, IPAMPool};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use kube::runtime::events::Reporter;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinSet;
 
@@ -193,13 +192,7 @@ impl FleetController {
         }
         let index = Shared::of(FleetIndex::new(&self.args.datacenter_label));
         let _watches = watch(&index, &self.client, &self.args.cluster_api_version);
-        let recorder = reconcile::Events::new(
-            self.client.clone(),
-            Reporter {
-                controller: "allot-controller".into(),
-                instance: Some(self.instance.clone()),
-            },
-        );
+        let recorder = crate::events::Events::new(self.client.clone(), &self.instance);
         let reconciler = Reconciler::new(
             self.client.clone(),
             recorder.clone(),

@@ -15,6 +15,7 @@
 
 pub mod args;
 pub mod autopool;
+pub mod events;
 pub mod fleet;
 pub mod gc;
 pub mod lease;

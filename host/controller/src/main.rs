@@ -1,5 +1,5 @@
-//! allot-controller: garbage collection, pool lifecycle, subnet auto-pools and admission
-//! webhooks for a cluster, one leader at a time.
+//! allot-controller: garbage collection, pool lifecycle, subnet auto-pools, admission webhooks
+//! and fleet ranges for a cluster, one leader at a time.
 
 use std::process::ExitCode;
 

@@ -16,7 +16,6 @@ use allot_test_apiserver::verifier::{ApiServerVerifier, answer, mock_client, ref
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use kube::api::DynamicObject;
-use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 
 use super::reconcile::{Outcome, Reconciler, Snapshot};
@@ -98,13 +97,7 @@ fn index(deployment: Option<Deployment>, pools: Vec<DynamicObject>) -> WorkloadI
 
 fn reconciler(leadership: Leadership, store: Arc<dyn Store>) -> (Reconciler, ApiServerVerifier) {
     let (client, verifier) = mock_client("default");
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "allot-controller".into(),
-            instance: Some("test".into()),
-        },
-    );
+    let recorder = crate::events::Events::new(client.clone(), "test");
     (
         Reconciler::new(client, recorder, leadership, store),
         verifier,

@@ -27,7 +27,9 @@ use allot_index::{WorkloadIndex, WorkloadKind};
 use allot_k8s::{IPPool, IpPoolSpec as IpPoolSpecObject};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
+
+use crate::events::Events;
 use serde_json::{Value, json};
 
 use super::wants::wants;
@@ -124,7 +126,7 @@ pub struct Outcome {
 /// refusals already reported.
 pub struct Reconciler {
     pools: Api<IPPool>,
-    recorder: Recorder,
+    recorder: Events,
     leadership: Leadership,
     store: Arc<dyn Store>,
     pending: Vec<Pending>,
@@ -134,7 +136,7 @@ pub struct Reconciler {
 impl Reconciler {
     pub fn new(
         client: kube::Client,
-        recorder: Recorder,
+        recorder: Events,
         leadership: Leadership,
         store: Arc<dyn Store>,
     ) -> Reconciler {

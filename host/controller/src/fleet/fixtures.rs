@@ -6,7 +6,6 @@ use allot_index::{
 };
 use allot_test_apiserver::verifier::{ApiServerVerifier, mock_client};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::events::Reporter;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -133,13 +132,7 @@ pub(super) fn index(
 }
 
 pub(super) fn recorder(client: &kube::Client) -> Events {
-    Events::new(
-        client.clone(),
-        Reporter {
-            controller: "allot-controller".into(),
-            instance: Some("test".into()),
-        },
-    )
+    crate::events::Events::new(client.clone(), "test")
 }
 
 pub(super) fn reconciler(leadership: Leadership) -> (Reconciler, ApiServerVerifier) {

@@ -14,33 +14,13 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType};
 use serde_json::json;
 
 use super::wants::{Allocate, ClusterRef, Notice, Release, Work, cluster_label};
 use crate::lease::Leadership;
 
-/// Publishes Events, each one new. kube's `Recorder` folds an Event of the same reason about
-/// the same object into the series of the first one it sent, keeping that first note, so a new
-/// refusal's words would be lost for minutes; the fleet itself decides what is new and tells
-/// each new thing once.
-#[derive(Clone)]
-pub struct Events {
-    client: kube::Client,
-    reporter: Reporter,
-}
-
-impl Events {
-    pub fn new(client: kube::Client, reporter: Reporter) -> Events {
-        Events { client, reporter }
-    }
-
-    pub async fn publish(&self, event: &Event, regarding: &ObjectReference) -> kube::Result<()> {
-        Recorder::new(self.client.clone(), self.reporter.clone())
-            .publish(event, regarding)
-            .await
-    }
-}
+pub use crate::events::Events;
 
 /// The reason of the Event that tells a Cluster its allocation was refused.
 const REFUSED: &str = "FleetAllocationRefused";

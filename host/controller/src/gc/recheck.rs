@@ -12,7 +12,9 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType};
+
+use crate::events::Events;
 
 use super::Leak;
 
@@ -22,7 +24,7 @@ const PARALLEL_READS: usize = 16;
 /// Reads the API directly (not the index) for the re-check, and records Events.
 pub struct ApiReader {
     client: kube::Client,
-    recorder: Recorder,
+    events: Events,
 }
 
 /// What a fresh read can answer: the pod and the StatefulSet, or an API error (then nothing
@@ -52,14 +54,8 @@ pub trait FreshReader: Send + Sync {
 
 impl ApiReader {
     pub fn new(client: kube::Client, instance: &str) -> ApiReader {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "allot-controller".into(),
-                instance: Some(instance.to_string()),
-            },
-        );
-        ApiReader { client, recorder }
+        let events = Events::new(client.clone(), instance);
+        ApiReader { client, events }
     }
 
     async fn publish(&self, reference: ObjectReference, reason: &str, note: String) {
@@ -70,7 +66,7 @@ impl ApiReader {
             action: "ReleaseLeakedAddress".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
+        if let Err(e) = self.events.publish(&event, &reference).await {
             tracing::warn!("cannot record an Event: {e}");
         }
     }
