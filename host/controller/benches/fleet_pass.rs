@@ -22,7 +22,6 @@ use allot_index::{
 use allot_k8s::{IPAMAllocationSpec, IPAMPool};
 use allot_test_apiserver::ApiServer;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::events::Reporter;
 use serde_json::{Value, json};
 
 fn pool_spec() -> Value {
@@ -156,13 +155,9 @@ fn main() {
     }
     let mut clusters: Vec<Value> = (0..N).map(cluster).collect();
     let client = server.client();
-    let reporter = Reporter {
-        controller: "bench".into(),
-        instance: None,
-    };
     let mut reconciler = Reconciler::new(
         client.clone(),
-        Events::new(client.clone(), reporter),
+        Events::new(client.clone(), "bench"),
         Leadership::always(),
         "v1beta1",
     );
