@@ -21,8 +21,10 @@ and to temporary directories; nothing else of what was rendered is changed, exce
 lines of the output say.
 """
 import base64
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -257,10 +259,14 @@ class Run:
     def say(self, text):
         print(f"check-chart: [{self.label}] {text}")
 
-    def close(self):
+    def close(self, ok):
         for p in self.procs:
             p.stop()
         self.server.stop()
+        if ok:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        else:
+            print(f"check-chart: [{self.label}] logs and files kept in {self.tmp}")
 
     def objects(self, kind):
         return [d for d in self.docs if d["kind"] == kind]
@@ -310,7 +316,6 @@ class Run:
                     "metadata": {"namespace": cm["namespace"], "name": cm["name"]},
                     "binaryData": {cm["key"]: base64.b64encode(wasm).decode()}})
             if "sha256" in policy["spec"]:
-                import hashlib
                 self.mapped.append("Policy sha256 -> the built default policy's")
                 policy["spec"]["sha256"] = "sha256:" + hashlib.sha256(wasm).hexdigest()
             self.server.create(policy)

@@ -372,7 +372,7 @@ def check_values():
         "network.conflist.enabled": lambda: "--network=/etc/allot/cni/05-storage.conflist" in init["args"]
         and not any(a.startswith("--network") for a in container(D, "DaemonSet", "allot-agent", True)["args"]),
         "network.conflist.fileName": lambda: "--network-dest=/host/cni/net.d/05-storage.conflist" in init["args"],
-        "agent.logLevel": lambda: aenv["RUST_LOG"] == "trace",
+        "agent.logLevel": lambda: aenv["RUST_LOG"] == "warn,allot_agent=debug",
         "agent.socketDir": lambda: volumes["socket-dir"] == "/var/run/allot-agent"
         and has(agent, "--socket=/var/run/allot-agent/agent.sock") and ipam["socket"] == "/var/run/allot-agent/agent.sock",
         "agent.journalDir": lambda: volumes["journal"] == "/var/lib/allot-agent/journal"
@@ -495,6 +495,43 @@ def check_values():
     check_images(D, f"ghcr.io/allot-ipam/allot:{version}", "IfNotPresent", [], "default values")
     say(f"every container runs the chart's image (tag = appVersion = allot {version}) as set")
     return F, D, M
+
+
+def check_security(docs, label, probe_ahead):
+    """Least privilege of the pods: no privileged container, no escalation, a read-only root,
+    every capability dropped; the agent alone on the host network, as root, with host
+    directories (exactly the four it needs) and, for probing ahead only, NET_RAW and NET_ADMIN."""
+    for d, pod in pods(docs):
+        name = d["metadata"]["name"]
+        agent = name == "allot-agent"
+        where = f"[{label}] {d['kind']} {name}"
+        if agent and not pod.get("hostNetwork"):
+            fail(f"{where}: the agent must be on the host network")
+        host_paths = sorted(v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v)
+        if not agent and host_paths:
+            fail(f"{where}: host directories {host_paths}")
+        if agent and len(host_paths) != 4:
+            fail(f"{where}: host directories {host_paths}, expected the CNI plugin and "
+                 "configuration directories, the socket's and the journal's")
+        if not agent and pod.get("securityContext", {}).get("runAsNonRoot") is not True:
+            fail(f"{where}: runs as root")
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c.get("securityContext", {})
+            cw = f"{where} container {c['name']}"
+            if sc.get("privileged") or sc.get("allowPrivilegeEscalation") is not False:
+                fail(f"{cw}: privileged or may escalate")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                fail(f"{cw}: writable root filesystem")
+            if sc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+                fail(f"{cw}: no RuntimeDefault seccomp profile")
+            caps = sc.get("capabilities", {})
+            if caps.get("drop") != ["ALL"]:
+                fail(f"{cw}: capabilities not all dropped")
+            added = caps.get("add", [])
+            allowed = ["NET_RAW", "NET_ADMIN"] if agent and c["name"] == "agent" and probe_ahead else []
+            if added != allowed:
+                fail(f"{cw}: capabilities {added}, expected {allowed}")
+    say(f"[{label}] pods: least privilege (capabilities, root, host network and directories)")
 
 
 # 5 -------------------------------------------------------------------------------------------
@@ -660,19 +697,27 @@ def run_cluster(docs, label):
         crd = load_yaml(os.path.join(CHART, "crds", name))
         chart_crds[crd["metadata"]["name"]] = crd
     run = chart_cluster.Run(docs, NS, label)
+    ok = False
     try:
         run.crd_hook(os.path.join(ROOT, "tests", "fixtures", "crds-699f2d6"), chart_crds)
         run.release_objects()
-        run.controller(find(docs, "Service", "allot-webhook"))
+        args = find(docs, "Deployment", "allot-controller")["spec"]["template"]["spec"][
+            "containers"][0]["args"]
+        service = next(a.split("=", 1)[1] for a in args if a.startswith("--webhook-service="))
+        if find(docs, "Service", service) is None:
+            raise chart_cluster.Failure(f"the controller's --webhook-service={service} is not a "
+                                        "Service of the chart")
+        run.controller(find(docs, "Service", service))
         run.node()
         run.first_pod()
         run.uninstall()
         run.audit(chart_cluster.Rbac(docs))
         for m in run.mapped:
             print(f"check-chart: [{label}] mapped: {m}")
+        ok = True
         return run.agent_metrics, run.controller_metrics
     finally:
-        run.close()
+        run.close(ok)
 
 
 def main():
@@ -688,6 +733,7 @@ def main():
                             (upgrade, "upgrade")]:
             check_schemas(docs, label)
             check_rbac(docs, label)
+            check_security(docs, label, probe_ahead=docs is F)
         check_crds(D, upgrade)
         readme = check_readme()
         quick_line, quick = readme[0]
@@ -698,6 +744,10 @@ def main():
         check_dashboard(D, agent_metrics + full_agent, controller_metrics + full_controller)
     except chart_cluster.Failure as e:
         fail(str(e))
+    except (KeyError, IndexError, TypeError, StopIteration, ValueError) as e:
+        import traceback
+        traceback.print_exc()
+        fail(f"the rendered chart lacks something the checks look for: {e!r}")
     if failures:
         sys.exit(f"check-chart: {len(failures)} failure(s)")
     say("all checks passed")
