@@ -534,6 +534,36 @@ def check_security(docs, label, probe_ahead):
     say(f"[{label}] pods: least privilege (capabilities, root, host network and directories)")
 
 
+def check_dockerfile(docs):
+    """The image the Dockerfile builds has what the chart runs (no engine runs here to build it):
+    every /usr/local/bin/X a container runs is copied there, the default Policy's file is the
+    component the Dockerfile installs, and the image's user is the one the pods run as."""
+    text = open(os.path.join(ROOT, "Dockerfile")).read().replace("\\\n", " ")
+    copied = set()
+    for cp in re.findall(r"&& cp ([^&\n]*?)\s/out/bin/", text):
+        copied |= {os.path.basename(w.strip('"')) for w in cp.split()}
+    if "COPY --from=build /out/bin/ /usr/local/bin/" not in text:
+        fail("Dockerfile: the binaries are not copied to /usr/local/bin/")
+    for d, c in containers(docs):
+        name = c["command"][0]
+        if not name.startswith("/usr/local/bin/") or os.path.basename(name) not in copied:
+            fail(f"{d['metadata']['name']} runs {name}, which the Dockerfile does not install "
+                 f"(it installs {sorted(copied)})")
+        for a in c.get("args", []):
+            if a.startswith("--plugin=") and os.path.basename(a.split("=", 1)[1]) not in copied:
+                fail(f"the init container installs {a}, which the Dockerfile does not build")
+    policy = find(docs, "Policy")["spec"]["source"]["file"]
+    if f"/out/policies/default.wasm {policy}" not in text:
+        fail(f"the default Policy reads {policy}, which the Dockerfile does not install")
+    user = re.findall(r"^USER (\d+)", text, re.M)
+    for d, pod in pods(docs):
+        run_as = pod.get("securityContext", {}).get("runAsUser")
+        if run_as is not None and [str(run_as)] != user:
+            fail(f"{d['metadata']['name']} runs as {run_as}, the image's user is {user}")
+    say(f"the Dockerfile installs what the chart runs ({', '.join(sorted(copied))}, the default "
+        "policy component) and its user is the pods'")
+
+
 # 5 -------------------------------------------------------------------------------------------
 def check_crds(docs_install, docs_upgrade):
     repo = sorted(os.listdir(os.path.join(ROOT, "crds")))
@@ -648,26 +678,71 @@ def check_dashboard(docs, agent_metrics, controller_metrics):
 
 
 # 7 -------------------------------------------------------------------------------------------
-def readme_commands():
-    """The helm commands of the README's "Install on a cluster", as `helm template` arguments."""
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text.split("## Install on a cluster", 1)[1].split("\n## ", 1)[0]
+DOC_SECTIONS = [("README.md", "## Install on a cluster"),
+                ("docs/operations.md", "## On a cluster: the Helm chart")]
+
+
+def doc_commands(tool):
+    """The `tool` commands of the chart's documentation sections, continuation lines joined."""
     commands = []
-    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split("  #", 1)[0].strip()
-            if line.startswith("helm install") or line.startswith("helm upgrade"):
-                commands.append(line)
+    for path, heading in DOC_SECTIONS:
+        text = open(os.path.join(ROOT, path)).read()
+        if heading not in text:
+            fail(f"{path}: no section {heading!r}")
+            continue
+        section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+        for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split("  #", 1)[0].strip()
+                if line.startswith(tool + " "):
+                    commands.append(line)
     return commands
 
 
+KUBECTL_BUILTIN = {"pod", "pods", "events", "namespace", "daemonset", "deployment",
+                   "validatingwebhookconfiguration", "mutatingwebhookconfiguration"}
+
+
+def check_kubectl_commands(multus_docs):
+    """What the docs tell users to type with kubectl names things that exist: files, the
+    chart's objects, allot's resource names, the NetworkAttachmentDefinition."""
+    names = set()
+    for f in os.listdir(os.path.join(CHART, "crds")):
+        crd = load_yaml(os.path.join(CHART, "crds", f))
+        n = crd["spec"]["names"]
+        names |= {n["plural"], n["singular"], f"{n['plural']}.{crd['spec']['group']}",
+                  *n.get("shortNames", [])}
+    lines = doc_commands("kubectl")
+    for line in lines:
+        argv = shlex.split(line)[1:]
+        for i, a in enumerate(argv):
+            if a == "-f" and not os.path.exists(os.path.join(ROOT, argv[i + 1])):
+                fail(f"docs: {line}: {argv[i + 1]} does not exist")
+            if a.startswith("--annotations=k8s.v1.cni.cncf.io/networks="):
+                ns, name = a.split("=", 2)[2].split("/")
+                nad = find(multus_docs, "NetworkAttachmentDefinition", name)
+                if nad is None or nad["metadata"]["namespace"] != ns:
+                    fail(f"docs: {line}: no NetworkAttachmentDefinition {ns}/{name} in the render")
+        if argv[0] == "rollout":
+            kind, name = argv[-1].split("/")
+            if find(multus_docs, {"daemonset": "DaemonSet", "deployment": "Deployment"}[kind], name) is None:
+                fail(f"docs: {line}: the chart has no {argv[-1]}")
+        if argv[0] in ("get", "delete", "describe") and argv[1] != "-f" and not argv[1].startswith("-"):
+            for resource in argv[1].split(","):
+                if resource not in names and resource not in KUBECTL_BUILTIN:
+                    fail(f"docs: {line}: {resource} is neither allot's nor a Kubernetes resource")
+    say(f"{len(lines)} kubectl commands of the docs name files, objects and resources that exist")
+
+
 def check_readme():
-    commands = readme_commands()
-    if len(commands) < 2:
-        fail(f"the README's Install on a cluster has {len(commands)} helm commands")
+    commands = doc_commands("helm")
+    if len(commands) < 3:
+        fail(f"the docs' chart sections have {len(commands)} helm commands")
     rendered = []
     for line in commands:
         argv = shlex.split(line)[1:]
+        if argv[0] not in ("install", "upgrade"):
+            continue
         upgrade = argv[0] == "upgrade"
         args, i = [], 1
         name, chart = argv[1], argv[2]
@@ -735,7 +810,9 @@ def main():
             check_rbac(docs, label)
             check_security(docs, label, probe_ahead=docs is F)
         check_crds(D, upgrade)
+        check_dockerfile(D)
         readme = check_readme()
+        check_kubectl_commands(render("--set", "network.multus.enabled=true"))
         quick_line, quick = readme[0]
         say(f"running the README's first install: {quick_line}")
         agent_metrics, controller_metrics = run_cluster(quick, "README install")
