@@ -59,7 +59,11 @@ async fn serve(port: u16) {
                 let server = server.clone();
                 async move {
                     let (parts, body) = req.into_parts();
-                    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                    let body = body
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default();
                     log(&parts);
                     Ok::<_, Infallible>(server.handle(parts, body).await)
                 }
@@ -133,7 +137,8 @@ async fn establish(server: ApiServer) {
         server.client(),
         &ApiResource::from_gvk_with_plural(&gvk, "customresourcedefinitions"),
     );
-    let established = json!({"status": {"conditions": [{"type": "Established", "status": "True"}]}});
+    let established =
+        json!({"status": {"conditions": [{"type": "Established", "status": "True"}]}});
     loop {
         for crd in server.objects("customresourcedefinitions") {
             if crd["status"]["conditions"] == Value::Null {
