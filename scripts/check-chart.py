@@ -70,7 +70,9 @@ def say(message):
 
 
 def helm(*args, ok=True):
-    out = subprocess.run([HELM, *args], capture_output=True, text=True)
+    # No cluster: `--dry-run=client` must not find one either.
+    env = {**os.environ, "KUBECONFIG": os.devnull}
+    out = subprocess.run([HELM, *args], capture_output=True, text=True, env=env)
     if ok and out.returncode:
         raise chart_cluster.Failure(f"helm {' '.join(args)}:\n{out.stderr}")
     return out
@@ -703,9 +705,17 @@ KUBECTL_BUILTIN = {"pod", "pods", "events", "namespace", "daemonset", "deploymen
                    "validatingwebhookconfiguration", "mutatingwebhookconfiguration"}
 
 
+def notes(*args):
+    """NOTES.txt as `helm install` prints it (a client-side dry run needs no cluster)."""
+    out = helm("install", "allot", CHART, "-n", NS, "--dry-run=client", *args)
+    if "NOTES:" not in out.stdout:
+        raise chart_cluster.Failure(f"helm install --dry-run=client {args}: no NOTES")
+    return out.stdout.split("NOTES:", 1)[1]
+
+
 def check_kubectl_commands(multus_docs):
-    """What the docs tell users to type with kubectl names things that exist: files, the
-    chart's objects, allot's resource names, the NetworkAttachmentDefinition."""
+    """What the docs and NOTES.txt tell users to type with kubectl names things that exist:
+    files, the chart's objects, allot's resource names, the NetworkAttachmentDefinition."""
     names = set()
     for f in os.listdir(os.path.join(CHART, "crds")):
         crd = load_yaml(os.path.join(CHART, "crds", f))
@@ -713,8 +723,22 @@ def check_kubectl_commands(multus_docs):
         names |= {n["plural"], n["singular"], f"{n['plural']}.{crd['spec']['group']}",
                   *n.get("shortNames", [])}
     lines = doc_commands("kubectl")
+    for args in ([], ["-f", FULL], ["-f", MULTUS]):
+        text = notes(*args)
+        lines += [ln.split("  #", 1)[0].strip() for ln in text.splitlines()
+                  if ln.strip().startswith("kubectl ")]
+        for ln in text.splitlines():
+            if ln.strip().startswith("helm ") and "--set" in ln:
+                words = shlex.split(ln.strip())
+                render(*[a for i, a in enumerate(words) if a == "--set" or words[i - 1] == "--set"])
     for line in lines:
-        argv = shlex.split(line)[1:]
+        argv, words = [], shlex.split(line)[1:]
+        while words:
+            w = words.pop(0)
+            if w in ("-n", "--namespace"):
+                words.pop(0)
+            elif w != "-A":
+                argv.append(w)
         for i, a in enumerate(argv):
             if a == "-f" and not os.path.exists(os.path.join(ROOT, argv[i + 1])):
                 fail(f"docs: {line}: {argv[i + 1]} does not exist")
@@ -723,7 +747,7 @@ def check_kubectl_commands(multus_docs):
                 nad = find(multus_docs, "NetworkAttachmentDefinition", name)
                 if nad is None or nad["metadata"]["namespace"] != ns:
                     fail(f"docs: {line}: no NetworkAttachmentDefinition {ns}/{name} in the render")
-        if argv[0] == "rollout":
+        if argv[0] in ("rollout", "logs"):
             kind, name = argv[-1].split("/")
             if find(multus_docs, {"daemonset": "DaemonSet", "deployment": "Deployment"}[kind], name) is None:
                 fail(f"docs: {line}: the chart has no {argv[-1]}")
@@ -731,7 +755,8 @@ def check_kubectl_commands(multus_docs):
             for resource in argv[1].split(","):
                 if resource not in names and resource not in KUBECTL_BUILTIN:
                     fail(f"docs: {line}: {resource} is neither allot's nor a Kubernetes resource")
-    say(f"{len(lines)} kubectl commands of the docs name files, objects and resources that exist")
+    say(f"{len(lines)} kubectl commands of the docs and NOTES.txt name files, objects and "
+        "resources that exist")
 
 
 def check_readme():
