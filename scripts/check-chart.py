@@ -600,6 +600,50 @@ def check_crds(docs_install, docs_upgrade):
     say("the CRD hook (allotctl crds --apply) runs before install and upgrade")
 
 
+def check_previous_chart():
+    """An upgrade from the previous chart version, as far as rendering can tell: that version is
+    found in git history (the last commit whose Chart.yaml has another version), rendered, and
+    its allot objects (Policy, pools) must be valid under this chart's CRDs, which the hook
+    installs before anything else; this chart's version must be the higher. The CRDs a previous
+    release left are upgraded by the hook in step 7 (from allot's first API)."""
+    current = load_yaml(os.path.join(CHART, "Chart.yaml"))["version"]
+    log = subprocess.run(["git", "-C", ROOT, "log", "--format=%H", "--", "charts/allot/Chart.yaml"],
+                         capture_output=True, text=True)
+    previous = None
+    for commit in log.stdout.split():
+        shown = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:charts/allot/Chart.yaml"],
+                               capture_output=True, text=True)
+        if shown.returncode == 0 and yaml.safe_load(shown.stdout)["version"] != current:
+            previous = (commit, yaml.safe_load(shown.stdout)["version"])
+            break
+    if previous is None:
+        say(f"no earlier chart version than {current} in this clone's history: the upgrade is "
+            "checked from the CRDs of allot's first API (step 7)")
+        return
+    commit, version = previous
+    if not crd_schemas_newer(current, version):
+        fail(f"chart version {current} is not higher than the previous {version} ({commit[:8]})")
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "charts/allot"],
+                                 capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        old = render("--set", "ipv4.subnet=10.0.0.0/24,ipv6.subnet=fd00::/64",
+                     chart=os.path.join(tmp, "charts", "allot"))
+    validators = crd_schemas.validators()
+    for d in old:
+        if d.get("apiVersion", "").startswith("allot.dev/"):
+            v = validators.get((d["apiVersion"], d["kind"]))
+            for e in (crd_schemas.errors_of(v, d) if v else ["no CRD for it any more"]):
+                fail(f"chart {version}'s {d['kind']} {d['metadata']['name']} under this chart's "
+                     f"CRDs: {e}")
+    say(f"chart {version} ({commit[:8]}) -> {current}: its objects are valid under the new CRDs")
+
+
+def crd_schemas_newer(a, b):
+    parse = lambda v: [int(x) for x in re.split(r"[.+-]", v)[:3]]  # noqa: E731
+    return parse(a) > parse(b)
+
+
 # 6 -------------------------------------------------------------------------------------------
 def samples(text):
     """Metric name -> label names seen, from Prometheus text."""
@@ -836,6 +880,7 @@ def main():
             check_security(docs, label, probe_ahead=docs is F)
         check_crds(D, upgrade)
         check_dockerfile(D)
+        check_previous_chart()
         readme = check_readme()
         check_kubectl_commands(render("--set", "network.multus.enabled=true"))
         quick_line, quick = readme[0]
