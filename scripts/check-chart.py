@@ -621,7 +621,7 @@ def check_previous_chart():
             "checked from the CRDs of allot's first API (step 7)")
         return
     commit, version = previous
-    if not crd_schemas_newer(current, version):
+    if not version_newer(current, version):
         fail(f"chart version {current} is not higher than the previous {version} ({commit[:8]})")
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "charts/allot"],
@@ -639,7 +639,7 @@ def check_previous_chart():
     say(f"chart {version} ({commit[:8]}) -> {current}: its objects are valid under the new CRDs")
 
 
-def crd_schemas_newer(a, b):
+def version_newer(a, b):
     parse = lambda v: [int(x) for x in re.split(r"[.+-]", v)[:3]]  # noqa: E731
     return parse(a) > parse(b)
 
