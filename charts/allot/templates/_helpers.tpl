@@ -27,13 +27,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end }}
 
-{{- define "allot.imagePullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- end }}
-
 {{/* The agent's unix socket on the node. */}}
 {{- define "allot.socket" -}}
 {{ trimSuffix "/" .Values.agent.socketDir }}/agent.sock
