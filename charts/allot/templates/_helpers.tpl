@@ -50,9 +50,11 @@ chart runs the agent, and network.ipam's fields.
 
 {{/* The names of the CRDs in crds/ (PLURAL.allot.dev), for the CRD hook's RBAC. */}}
 {{- define "allot.crdNames" -}}
-{{- range $path, $_ := .Files.Glob "crds/*.yaml" }}
-- {{ base $path | trimSuffix ".yaml" }}
-{{- end }}
+{{- $names := list -}}
+{{- range $path, $_ := .Files.Glob "crds/*.yaml" -}}
+{{- $names = append $names (base $path | trimSuffix ".yaml") -}}
+{{- end -}}
+{{- toJson $names -}}
 {{- end }}
 
 {{/* A list value given as one string (--set ipv4.ips=a-b) or a list. */}}
