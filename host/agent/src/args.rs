@@ -122,6 +122,11 @@ pub struct Args {
     /// when root, else ~/.cache/allot/policies).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    /// Also serve `/metrics`, `/healthz` and `/readyz` over plain HTTP on this TCP address
+    /// (`0.0.0.0:9401`), for Prometheus and the kubelet's probes. Only those three: the plugin
+    /// API, status and recorded decisions stay on the unix socket.
+    #[arg(long, value_name = "ADDR")]
+    metrics_address: Option<std::net::SocketAddr>,
     #[command(flatten)]
     underlay: crate::quarantine::UnderlayArgs,
 }
@@ -301,9 +306,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         underlay,
         decisions,
         ahead,
+        policies: registry,
     });
 
     let served = runtime.block_on(async move {
+        // First, so that the kubelet's probes and Prometheus get answers while pools load.
+        if let Some(address) = args.metrics_address {
+            server::serve_metrics(shared.clone(), address).await?;
+        }
         if let Some(c) = &shared.cluster {
             cluster::watch(&c.index, &c.client);
         }

@@ -22,6 +22,13 @@ pub struct StateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FaultLabel {
+    pub kind: String,
+    /// `failed` (the allocation failed) or `fell-back` (the default policy decided instead).
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabel {
     pub pool: String,
     pub state: String,
@@ -47,6 +54,9 @@ pub struct Metrics {
     pub probe_ahead_misses: Counter,
     pub probe_ahead_probes: Counter,
     lost_races: Counter,
+    /// Policy faults (trap, deadline, memory-limit, bad-output, internal), advanced to the
+    /// policy registry's totals at each scrape.
+    policy_faults: Family<FaultLabel, Counter>,
     /// Serialises scrapes (counters are advanced to the engine's totals while encoding).
     encoding: std::sync::Mutex<()>,
 }
@@ -97,6 +107,23 @@ impl Metrics {
             "Address races lost to another writer of the store (another agent); each was retried with another address",
             lost_races.clone(),
         );
+        let policy_faults = Family::<FaultLabel, Counter>::default();
+        for kind in ["trap", "deadline", "memory-limit", "bad-output", "internal"] {
+            for outcome in ["failed", "fell-back"] {
+                // Every series from the start, at 0, so that rate() and alerts see it.
+                let _ = policy_faults.get_or_create(&FaultLabel {
+                    kind: kind.into(),
+                    outcome: outcome.into(),
+                });
+            }
+        }
+        registry.register(
+            "policy_faults",
+            "Policy calls that faulted (a trap, the deadline, the memory cap, output that is not a \
+             decision), by kind and outcome: failed (the ADD failed, code 102) or fell-back (the \
+             embedded default decided, --policy-on-failure fallback / onFailure: fallback)",
+            policy_faults.clone(),
+        );
         registry.register("allocations", "Addresses handed out", allocations.clone());
         registry.register("releases", "Addresses released", releases.clone());
         registry.register("errors", "Failed requests by reason", errors.clone());
@@ -138,6 +165,7 @@ impl Metrics {
             probe_ahead_misses,
             probe_ahead_probes,
             lost_races,
+            policy_faults,
             encoding: Default::default(),
         }
     }
@@ -169,13 +197,28 @@ impl Metrics {
         self.degraded.set(i64::from(config.degraded()));
     }
 
-    /// Encodes the registry, with pool gauges set from `usage` and the lost-races counter
-    /// advanced to the engine's total first.
-    pub fn encode(&self, usage: &[PoolUsage], lost_races: u64) -> String {
+    /// Encodes the registry, with pool gauges set from `usage` and the lost-races and
+    /// policy-fault counters advanced to the engine's and the policy registry's totals first.
+    pub fn encode(
+        &self,
+        usage: &[PoolUsage],
+        lost_races: u64,
+        policy_faults: &[(allot_policy::FaultKey, u64)],
+    ) -> String {
         let _one_scrape = self.encoding.lock().unwrap_or_else(|p| p.into_inner());
         let seen = self.lost_races.get();
         if lost_races > seen {
             self.lost_races.inc_by(lost_races - seen);
+        }
+        for (key, total) in policy_faults {
+            let counter = self.policy_faults.get_or_create(&FaultLabel {
+                kind: key.kind.to_string(),
+                outcome: if key.fell_back { "fell-back" } else { "failed" }.to_string(),
+            });
+            let seen = counter.get();
+            if *total > seen {
+                counter.inc_by(total - seen);
+            }
         }
         self.pool_addresses.clear();
         for u in usage {
@@ -197,5 +240,34 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Metrics;
+    use allot_policy::FaultKey;
+
+    #[test]
+    fn policy_faults_follow_the_registry_totals() {
+        let m = Metrics::new();
+        let text = m.encode(&[], 0, &[]);
+        assert!(
+            text.contains("allot_policy_faults_total{kind=\"deadline\",outcome=\"fell-back\"} 0"),
+            "{text}"
+        );
+        let trap = FaultKey {
+            kind: "trap",
+            fell_back: false,
+        };
+        assert!(
+            m.encode(&[], 0, &[(trap, 3)])
+                .contains("allot_policy_faults_total{kind=\"trap\",outcome=\"failed\"} 3")
+        );
+        // Totals, not increments: the same total twice counts once.
+        assert!(
+            m.encode(&[], 0, &[(trap, 5)])
+                .contains("allot_policy_faults_total{kind=\"trap\",outcome=\"failed\"} 5")
+        );
     }
 }

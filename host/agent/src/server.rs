@@ -40,6 +40,8 @@ pub struct Shared {
     pub decisions: Option<Arc<allot_policy::DecisionLog>>,
     /// `--probe-ahead`.
     pub ahead: Option<Arc<crate::ahead::ProbeAhead>>,
+    /// The policies, for their fault counts in the metrics.
+    pub policies: Arc<allot_policy::PolicyRegistry>,
 }
 
 pub(crate) type Reply = Response<Full<Bytes>>;
@@ -185,26 +187,80 @@ async fn body<T: DeserializeOwned>(req: Request<Incoming>) -> Result<T, Reply> {
     })
 }
 
+/// `/healthz`, `/readyz` and `/metrics`: what the socket and `--metrics-address` both answer.
+fn health_or_metrics(shared: &Shared, method: &Method, path: &str) -> Option<Reply> {
+    if method != Method::GET {
+        return None;
+    }
+    Some(match path {
+        api::HEALTHZ => text(StatusCode::OK, "ok\n".into()),
+        api::READYZ if shared.engine.is_loaded() => text(StatusCode::OK, "ready\n".into()),
+        api::READYZ => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "pools not loaded yet\n".into(),
+        ),
+        api::METRICS => text(
+            StatusCode::OK,
+            shared.metrics.encode(
+                &shared.engine.usage(),
+                shared.engine.lost_races(),
+                &shared.policies.faults(),
+            ),
+        ),
+        _ => return None,
+    })
+}
+
+/// `--metrics-address`: `/metrics`, `/healthz` and `/readyz` over plain HTTP on TCP, for
+/// Prometheus and the kubelet's probes. Nothing else is served there: the plugin API, status
+/// (pool and pod names) and recorded decisions (labels, annotations) stay on the socket, which
+/// only this user may reach. Returns the address bound (port 0 picks one).
+pub async fn serve_metrics(
+    shared: Arc<Shared>,
+    address: std::net::SocketAddr,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("listening on {address} (--metrics-address)"))?;
+    let bound = listener.local_addr()?;
+    tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz over HTTP");
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!("metrics listener: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let shared = shared.clone();
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let reply = health_or_metrics(&shared, req.method(), req.uri().path())
+                    .unwrap_or_else(|| {
+                        text(
+                            StatusCode::NOT_FOUND,
+                            "only /metrics, /healthz and /readyz are served here\n".into(),
+                        )
+                    });
+                async move { Ok::<_, std::convert::Infallible>(reply) }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
     let path = req.uri().path().to_string();
+    if let Some(reply) = health_or_metrics(&shared, req.method(), &path) {
+        return reply;
+    }
     match (req.method().clone(), path.as_str()) {
-        (Method::GET, api::HEALTHZ) => text(StatusCode::OK, "ok\n".into()),
-        (Method::GET, api::READYZ) => {
-            if shared.engine.is_loaded() {
-                text(StatusCode::OK, "ready\n".into())
-            } else {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "pools not loaded yet\n".into(),
-                )
-            }
-        }
-        (Method::GET, api::METRICS) => text(
-            StatusCode::OK,
-            shared
-                .metrics
-                .encode(&shared.engine.usage(), shared.engine.lost_races()),
-        ),
         (Method::GET, api::STATUS) => json(StatusCode::OK, &status(&shared)),
         (Method::GET, api::DECISIONS) => json(
             StatusCode::OK,

@@ -1,5 +1,7 @@
 //! allotctl: the command people type. `policy test|explain|bench` for policy authors.
 
+mod cni_cmd;
+mod crds_cmd;
 mod fleet_cmd;
 mod gc_cmd;
 mod harness;
@@ -46,12 +48,24 @@ enum Command {
     /// Fleet ranges: per-cluster ranges and prefixes from IPAMPools.
     #[command(subcommand)]
     Fleet(fleet_cmd::FleetCommand),
-    /// Print the CustomResourceDefinitions of allot.dev (or write one file per CRD with --out).
+    /// Print the CustomResourceDefinitions of allot.dev (or write one file per CRD with --out,
+    /// or apply them to the cluster with --apply).
     Crds {
         /// A directory to write `PLURAL.allot.dev.yaml` files to (the repository's `crds/`).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "apply")]
         out: Option<PathBuf>,
+        /// Apply them to the cluster of --kubeconfig (else in-cluster): server-side apply,
+        /// never over a CRD a newer allot applied; then wait until each is Established. The
+        /// Helm chart runs it before every install and upgrade, since Helm never upgrades CRDs.
+        #[arg(long)]
+        apply: bool,
+        /// With --apply: how long to wait for the CRDs to be Established.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "apply")]
+        wait_seconds: u64,
     },
+    /// The CNI plugin on a node.
+    #[command(subcommand)]
+    Cni(cni_cmd::CniCommand),
 }
 
 #[derive(Subcommand)]
@@ -135,29 +149,6 @@ impl PolicyArgs {
     }
 }
 
-/// `allotctl crds [--out DIR]`.
-fn crds(out: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
-    use anyhow::Context;
-    let files = allot_k8s::crds_yaml();
-    match out {
-        None => {
-            for (_, yaml) in &files {
-                print!("---\n{yaml}");
-            }
-        }
-        Some(dir) => {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            for (name, yaml) in &files {
-                let path = dir.join(name);
-                std::fs::write(&path, yaml)
-                    .with_context(|| format!("writing {}", path.display()))?;
-                eprintln!("wrote {}", path.display());
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -200,7 +191,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pool(c) => store_cmd::pool_command(&cli.store, c),
         Command::Fleet(c) => fleet_cmd::fleet_command(c),
         Command::Gc(c) => gc_cmd::gc_command(&cli.store, &c),
-        Command::Crds { out } => crds(out.as_deref()),
+        Command::Crds {
+            out, apply: false, ..
+        } => crds_cmd::print_or_write(out.as_deref()),
+        Command::Crds { wait_seconds, .. } => crds_cmd::apply(
+            cli.store.kubeconfig.as_deref(),
+            Duration::from_secs(wait_seconds),
+        ),
+        Command::Cni(c) => cni_cmd::command(c),
     }
 }
 

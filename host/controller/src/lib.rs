@@ -12,6 +12,7 @@
 //!   a pool with claims from disappearing.
 //! - [`webhook`]: the admission webhooks, served by every replica, with the certificate and the
 //!   webhook configurations the controller keeps itself.
+//! - [`uninstall`]: `--remove-webhook-configurations`, once no replica leads.
 
 pub mod args;
 pub mod autopool;
@@ -23,4 +24,5 @@ pub mod metrics;
 pub mod pools;
 pub mod run;
 pub mod serve;
+pub mod uninstall;
 pub mod webhook;

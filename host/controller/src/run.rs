@@ -112,7 +112,7 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
 
     let client = allot_store::kube_client(args.kubeconfig.as_deref()).await?;
     if args.remove_webhook_configurations {
-        return crate::webhook::remove_configurations(client, &args.webhook).await;
+        return crate::uninstall::remove_webhook_configurations(client, &args).await;
     }
     let kubeconfig = args.kubeconfig.clone();
     let store: Arc<dyn Store> = tokio::task::spawn_blocking(move || {

@@ -28,7 +28,7 @@ use wasmtime::component::Component;
 
 pub use cache::PrecompiledCache;
 pub use record::{DecisionLog, Recorded};
-pub use registry::{ClusterHandle, ClusterPolicy, OnFailure, Outcome, PolicyRegistry};
+pub use registry::{ClusterHandle, ClusterPolicy, FaultKey, OnFailure, Outcome, PolicyRegistry};
 
 /// The default policy (`policies/default`), built by this crate's build script.
 pub static DEFAULT_POLICY_WASM: &[u8] =

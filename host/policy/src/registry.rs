@@ -1,8 +1,8 @@
 //! Policies per cluster, hot-swapped atomically: a call takes a reference to the current policy
 //! and finishes on it even if a new one is installed meanwhile.
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
 
 use allot_core::PolicyError;
 use allot_core::policy::{Decision, Inventory, Policy, Request};
@@ -41,6 +41,16 @@ pub struct PolicyRegistry {
     default: Arc<LoadedPolicy>,
     clusters: RwLock<HashMap<String, Arc<ClusterPolicy>>>,
     log: Option<Arc<DecisionLog>>,
+    faults: Mutex<BTreeMap<FaultKey, u64>>,
+}
+
+/// Faults counted since the registry was made, by kind (`trap`, `deadline`, …, as
+/// [`allot_core::PolicyErrorKind::as_str`] names them) and by whether the default policy decided
+/// instead. Verdicts about the input are not faults and are not counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FaultKey {
+    pub kind: &'static str,
+    pub fell_back: bool,
 }
 
 impl PolicyRegistry {
@@ -49,7 +59,30 @@ impl PolicyRegistry {
             default,
             clusters: RwLock::new(HashMap::new()),
             log: None,
+            faults: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Every policy fault so far, by kind and outcome (for the agent's metrics).
+    pub fn faults(&self) -> Vec<(FaultKey, u64)> {
+        let faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        faults.iter().map(|(k, n)| (*k, *n)).collect()
+    }
+
+    fn count_fault(&self, error: &PolicyError, fell_back: bool) {
+        if !error.kind.is_fault() {
+            return;
+        }
+        let key = FaultKey {
+            kind: error.kind.as_str(),
+            fell_back,
+        };
+        *self
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default() += 1;
     }
 
     /// Records every decision (and error) into `log`, for `allotctl policy record`.
@@ -115,11 +148,15 @@ impl PolicyRegistry {
                 }),
                 Err(e) if e.kind.is_fault() && entry.on_failure == OnFailure::FallBackToDefault => {
                     tracing::warn!(cluster, policy = entry.policy.name(), error = %e, "policy faulted; deciding with the default policy");
+                    self.count_fault(&e, true);
                     self.decide_with_default(inventory, request, Some(e))
                 }
                 Err(e) => Err(e),
             },
         };
+        if let Err(e) = &result {
+            self.count_fault(e, false);
+        }
         if let Some(log) = &self.log {
             let (policy, fallback_from) = match &result {
                 Ok(Outcome {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use allot_core::PolicyErrorKind;
 use allot_core::policy::Policy;
 use allot_policy::{
-    Limits, LoadError, OnFailure, PolicyEngine, PolicyRegistry, PolicySource, PrecompiledCache,
-    sha256_hex,
+    FaultKey, Limits, LoadError, OnFailure, PolicyEngine, PolicyRegistry, PolicySource,
+    PrecompiledCache, sha256_hex,
 };
 
 fn engine() -> PolicyEngine {
@@ -137,6 +137,14 @@ fn registry_falls_back_to_the_default_only_when_asked_and_only_on_faults() {
         .decide("lenient", &inv, &hostile_mode("error"))
         .unwrap_err();
     assert_eq!(err.kind, PolicyErrorKind::InvalidInput);
+
+    // Faults are counted by kind and outcome (the agent's allot_policy_faults_total); the
+    // verdict is not a fault.
+    let trap = |fell_back| FaultKey {
+        kind: "trap",
+        fell_back,
+    };
+    assert_eq!(registry.faults(), vec![(trap(false), 1), (trap(true), 1)]);
 
     // The engine names the policy that decides for a cluster in its errors.
     let registry = Arc::new(registry);
