@@ -91,7 +91,8 @@ def check_dashboard(docs, agent_metrics, controller_metrics):
 
 # 7 -------------------------------------------------------------------------------------------
 DOC_SECTIONS = [("README.md", "## Install on a cluster"),
-                ("docs/operations.md", "## On a cluster: the Helm chart")]
+                ("docs/operations.md", "## On a cluster: the Helm chart"),
+                ("docs/fleet.md", "### RBAC")]
 
 
 def doc_commands(tool):
