@@ -71,12 +71,6 @@ pub struct AutoPools {
     pub instance: String,
 }
 
-/// The first retry after a pass that could not finish; doubled up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// Changes that arrive together are one pass.
-const DEBOUNCE: Duration = Duration::from_millis(100);
-
 impl AutoPools {
     /// Watches and reconciles until `shutdown` completes.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
@@ -140,51 +134,39 @@ pub fn watch(index: &Arc<Shared<WorkloadIndex>>, client: &kube::Client) -> JoinS
     set
 }
 
-/// Passes while leading: when the index's generation changes, on every resync, and with
-/// backoff after a pass that could not finish. Never returns.
+impl crate::passes::Watched for WorkloadIndex {
+    fn ready(&self) -> bool {
+        WorkloadIndex::ready(self)
+    }
+    fn generation(&self) -> u64 {
+        WorkloadIndex::generation(self)
+    }
+}
+
+impl crate::passes::Pass<WorkloadIndex> for Reconciler {
+    /// Every pass is a full one.
+    fn pass<'a>(
+        &'a mut self,
+        index: &'a Shared<WorkloadIndex>,
+        _resync_due: bool,
+    ) -> futures::future::BoxFuture<'a, crate::passes::Passed> {
+        let snapshot = Snapshot::of(&index.read());
+        Box::pin(async move {
+            let outcome = Reconciler::pass(self, snapshot).await;
+            crate::passes::Passed {
+                retry: outcome.retry,
+                resynced: true,
+            }
+        })
+    }
+}
+
+/// Reconciles while this replica leads (see [`crate::passes`]).
 pub async fn reconcile_loop(
     index: Arc<Shared<WorkloadIndex>>,
-    mut reconciler: Reconciler,
+    reconciler: Reconciler,
     leadership: Leadership,
     resync: Duration,
 ) {
-    let mut changes = index.changes();
-    let mut leading = leadership.subscribe();
-    let mut done: Option<u64> = None;
-    let mut backoff: Option<Duration> = None;
-    let mut next_resync = tokio::time::Instant::now() + resync;
-    loop {
-        leadership.until_leading().await;
-        let ready = index.read().ready();
-        let generation = index.read().generation();
-        let due = done != Some(generation)
-            || backoff.is_some()
-            || tokio::time::Instant::now() >= next_resync;
-        if ready && due {
-            let snapshot = Snapshot::of(&index.read());
-            let outcome = reconciler.pass(snapshot).await;
-            tracing::debug!(?outcome, "auto-pool pass");
-            done = Some(generation);
-            next_resync = tokio::time::Instant::now() + resync;
-            backoff = outcome
-                .retry
-                .then(|| backoff.map_or(FIRST_BACKOFF, |b| (b * 2).min(MAX_BACKOFF)));
-        } else if !ready {
-            tracing::debug!(unsynced = ?index.read().unsynced(), "waiting for the watches' first lists");
-        }
-        changes.mark_unchanged();
-        leading.mark_unchanged();
-        let wake = match backoff {
-            Some(b) => tokio::time::Instant::now() + b,
-            None => next_resync,
-        };
-        tokio::select! {
-            _ = changes.changed() => tokio::time::sleep(DEBOUNCE).await,
-            _ = leading.changed() => {
-                // Leadership won again: the index may have changed while another replica led.
-                done = None;
-            }
-            _ = tokio::time::sleep_until(wake) => {}
-        }
-    }
+    crate::passes::run("auto-pool", index, leadership, resync, reconciler).await
 }

@@ -176,12 +176,6 @@ pub struct FleetController {
     pub instance: String,
 }
 
-/// The first retry after a pass that could not finish; doubled up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// Changes that arrive together are one pass.
-const DEBOUNCE: Duration = Duration::from_millis(100);
-
 impl FleetController {
     /// Watches, allocates and copies until `shutdown` completes.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
@@ -308,55 +302,45 @@ where
     })
 }
 
-/// Passes while leading: when the index's generation changes, with backoff after a pass that
-/// could not finish, and a full sync of every pool every `resync`. Never returns.
+impl crate::passes::Watched for FleetIndex {
+    fn ready(&self) -> bool {
+        FleetIndex::ready(self)
+    }
+    fn generation(&self) -> u64 {
+        FleetIndex::generation(self)
+    }
+}
+
+impl crate::passes::Pass<FleetIndex> for Reconciler {
+    /// The targeted pass; when a resync is due, `sync` on every pool after it.
+    fn pass<'a>(
+        &'a mut self,
+        index: &'a Shared<FleetIndex>,
+        resync_due: bool,
+    ) -> futures::future::BoxFuture<'a, crate::passes::Passed> {
+        let mut work = wants(&index.read());
+        Box::pin(async move {
+            let clusters = std::mem::take(&mut work.clusters);
+            let mut outcome = Reconciler::pass(self, work).await;
+            let mut resynced = false;
+            if resync_due && !outcome.retry && !outcome.stopped {
+                outcome = self.sync_all(&clusters).await;
+                resynced = true;
+            }
+            crate::passes::Passed {
+                retry: outcome.retry,
+                resynced,
+            }
+        })
+    }
+}
+
+/// Allocates and releases while this replica leads (see [`crate::passes`]).
 pub async fn reconcile_loop(
     index: Arc<Shared<FleetIndex>>,
-    mut reconciler: Reconciler,
+    reconciler: Reconciler,
     leadership: Leadership,
     resync: Duration,
 ) {
-    let mut changes = index.changes();
-    let mut leading = leadership.subscribe();
-    let mut done: Option<u64> = None;
-    let mut backoff: Option<Duration> = None;
-    let mut next_sync = tokio::time::Instant::now() + resync;
-    loop {
-        leadership.until_leading().await;
-        let (ready, generation) = {
-            let i = index.read();
-            (i.ready(), i.generation())
-        };
-        let sync_due = tokio::time::Instant::now() >= next_sync;
-        if ready && (done != Some(generation) || backoff.is_some() || sync_due) {
-            let mut work = wants(&index.read());
-            let clusters = std::mem::take(&mut work.clusters);
-            let mut outcome = reconciler.pass(work).await;
-            if sync_due && !outcome.retry && !outcome.stopped {
-                outcome = reconciler.sync_all(&clusters).await;
-                next_sync = tokio::time::Instant::now() + resync;
-            }
-            tracing::debug!(?outcome, "fleet pass");
-            done = Some(generation);
-            backoff = outcome
-                .retry
-                .then(|| backoff.map_or(FIRST_BACKOFF, |b| (b * 2).min(MAX_BACKOFF)));
-        } else if !ready {
-            tracing::debug!(unsynced = ?index.read().unsynced(), "fleet: waiting for the watches' first lists");
-        }
-        changes.mark_unchanged();
-        leading.mark_unchanged();
-        let wake = match backoff {
-            Some(b) => tokio::time::Instant::now() + b,
-            None => next_sync,
-        };
-        tokio::select! {
-            _ = changes.changed() => tokio::time::sleep(DEBOUNCE).await,
-            _ = leading.changed() => {
-                // Leadership won again: another replica may have acted meanwhile.
-                done = None;
-            }
-            _ = tokio::time::sleep_until(wake) => {}
-        }
-    }
+    crate::passes::run("fleet", index, leadership, resync, reconciler).await
 }

@@ -21,6 +21,7 @@ pub mod fleet;
 pub mod gc;
 pub mod lease;
 pub mod metrics;
+pub mod passes;
 pub mod pools;
 pub mod run;
 pub mod serve;
