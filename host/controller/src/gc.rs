@@ -15,6 +15,10 @@
 //! Looks come from two sides: a full scan every `--gc-interval-seconds` (600 s, Spiderpool's
 //! default), and pod events (a pod deleted, terminating, finished or replaced), which make the
 //! collector look at that pod's claims at once and again when they may be due.
+//!
+//! After each full scan the leader also deletes the store's emptied storage (IPBlocks with no
+//! claim whose last release is older than [`EMPTIED_AGE`]), each delete conditional on the block
+//! being unchanged since it was seen empty.
 
 mod recheck;
 pub mod report;
@@ -34,6 +38,13 @@ pub use recheck::{ApiReader, FreshReader};
 
 /// Claims released per store call.
 const RELEASE_BATCH: usize = 1000;
+
+/// An emptied block is deleted once its last release is this old (seconds): far past any
+/// cool-down an agent uses (30 s by default), so that a restarting agent still reads every
+/// address that is cooling down.
+pub const EMPTIED_AGE: u64 = 3600;
+/// Emptied blocks deleted per store call (the leader checks it still leads between calls).
+const EMPTIED_BATCH: usize = 100;
 
 /// How the collector runs.
 #[derive(Clone, Debug)]
@@ -76,6 +87,8 @@ pub struct Pass {
     pub released: Vec<(Claim, LeakReason)>,
     /// Due leaks the fresh read showed in use.
     pub kept_on_recheck: usize,
+    /// Emptied IPBlocks deleted after the scan.
+    pub emptied_deleted: usize,
     /// The pass stopped because this replica no longer leads.
     pub lost_leadership: bool,
 }
@@ -171,6 +184,7 @@ impl Collector {
         if self.settings.clean_outdated_endpoints {
             self.clean_endpoints(&claims).await;
         }
+        pass.emptied_deleted = self.delete_emptied(now).await;
         self.metrics.gc_scans.inc();
         self.metrics
             .gc_scan_seconds
@@ -181,6 +195,7 @@ impl Collector {
             leaked = pass.leaked,
             released = pass.released.len(),
             kept_on_recheck = pass.kept_on_recheck,
+            emptied_deleted = pass.emptied_deleted,
             suspects = self.suspects.len(),
             seconds = started.elapsed().as_secs_f64(),
             "GC scan"
@@ -346,6 +361,30 @@ impl Collector {
                 self.outdated_endpoints.remove(&(ns, name, uid));
             }
         }
+    }
+
+    /// Deletes the store's emptied storage in batches while this replica leads; a failure is
+    /// logged and left for the next scan (an empty block costs an object, never an address).
+    async fn delete_emptied(&self, now: u64) -> usize {
+        let cooled_before = now.saturating_sub(EMPTIED_AGE);
+        let mut deleted = 0;
+        while self.leadership.is_leading() {
+            let store = self.store.clone();
+            match blocking(move || store.remove_emptied(cooled_before, EMPTIED_BATCH)).await {
+                Ok(n) => {
+                    deleted += n;
+                    self.metrics.emptied_deleted.inc_by(n as u64);
+                    if n < EMPTIED_BATCH {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("deleting emptied IPBlocks stopped, the next scan goes on: {e}");
+                    break;
+                }
+            }
+        }
+        deleted
     }
 
     /// Runs until `shutdown`: a full scan at once and every interval, the pods of each event

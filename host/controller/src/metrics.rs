@@ -29,6 +29,8 @@ pub struct Metrics {
     pub gc_scan_seconds: Histogram,
     pub gc_errors: Counter,
     pub endpoints_deleted: Counter,
+    /// IPBlocks deleted once empty and cooled down.
+    pub emptied_deleted: Counter,
     pub leader: Gauge,
     pub pool_allocated: Family<PoolLabel, Gauge>,
     pub pool_total: Family<PoolLabel, Gauge>,
@@ -52,6 +54,7 @@ impl Metrics {
             gc_scan_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             gc_errors: Counter::default(),
             endpoints_deleted: Counter::default(),
+            emptied_deleted: Counter::default(),
             leader: Gauge::default(),
             pool_allocated: Family::default(),
             pool_total: Family::default(),
@@ -94,6 +97,11 @@ impl Metrics {
             "gc_endpoints_deleted",
             "Outdated Endpoints deleted (ALLOT_GC_CLEAN_OUTDATED_ENDPOINT)",
             m.endpoints_deleted.clone(),
+        );
+        registry.register(
+            "gc_emptied_blocks_deleted",
+            "IPBlocks deleted after a scan: no claim left, last release over an hour ago",
+            m.emptied_deleted.clone(),
         );
         registry.register(
             "controller_leader",

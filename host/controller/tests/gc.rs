@@ -442,3 +442,74 @@ async fn nothing_is_decided_before_the_index_has_listed_the_pods() {
     let _ = stop.send(());
     run.await.unwrap();
 }
+
+/// After a scan the leader deletes the IPBlocks that GC (or anyone) emptied over an hour ago,
+/// and only those; a replica that does not lead deletes nothing.
+#[test]
+fn the_leader_deletes_ipblocks_emptied_over_an_hour_ago() {
+    use allot_store::{KubeConfig, KubeStore};
+    let s = Setup::new();
+    let kept = s.running("team-a", "web-2");
+    let store_server = s.server.clone();
+    let store = Arc::new(
+        KubeStore::open_with(
+            &KubeConfig::default(),
+            s.clock.clock(),
+            move || async move { Ok(store_server.client()) },
+        )
+        .unwrap(),
+    );
+    store
+        .claim(&[
+            claim("10.0.0.1", "team-a", "web-1", "uid-gone", T0 - 3600),
+            claim("10.0.1.2", "team-a", "web-2", &uid(&kept), T0 - 3600),
+        ])
+        .unwrap();
+    let blocks = |server: &ApiServer| -> Vec<String> {
+        let mut names: Vec<String> = server
+            .objects("ipblocks")
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _entered = runtime.enter();
+    let index = listed(vec![kept], vec![node("node-1", true)], vec![]);
+    let collector = |leadership| {
+        Collector::new(
+            store.clone(),
+            index.clone(),
+            Arc::new(ApiReader::new(s.server.client(), "test")),
+            GcSettings::default(),
+            leadership,
+            s.metrics.clone(),
+            s.clock.clock(),
+        )
+    };
+    let mut leader = collector(Leadership::always());
+    let mut follower = collector(Leadership::default());
+    runtime.block_on(async {
+        leader.scan().await.unwrap();
+        s.clock.advance(60);
+        assert_eq!(leader.scan().await.unwrap().released.len(), 1);
+        // The block of 10.0.0.1 is empty now, its release cooling down.
+        s.clock.advance(3599);
+        assert_eq!(leader.scan().await.unwrap().emptied_deleted, 0);
+        s.clock.advance(2);
+        assert_eq!(follower.scan().await.unwrap().emptied_deleted, 0);
+        assert_eq!(blocks(&s.server), ["v4-10-0-0-0-26", "v4-10-0-1-0-26"]);
+        assert_eq!(leader.scan().await.unwrap().emptied_deleted, 1);
+    });
+    assert_eq!(
+        blocks(&s.server),
+        ["v4-10-0-1-0-26"],
+        "the claimed block stays"
+    );
+    let metrics = s.metrics.encode();
+    assert!(
+        metrics.contains("allot_gc_emptied_blocks_deleted_total 1"),
+        "{metrics}"
+    );
+}

@@ -264,6 +264,16 @@ pub trait Store: Send + Sync {
 
     /// The changes after `revision`, in order.
     fn changes_since(&self, revision: u64) -> Result<Changes, StoreError>;
+
+    /// Removes up to `limit` pieces of storage that hold no claim any more and whose releases
+    /// all happened before `cooled_before` (unix seconds): the Kubernetes store's emptied
+    /// IPBlocks. Each removal is conditional on the piece being unchanged since it was seen
+    /// empty, so a claim made meanwhile always stays. Returns how many were removed. Stores
+    /// whose emptied storage costs nothing (one row or key per claim) have nothing to remove.
+    fn remove_emptied(&self, cooled_before: u64, limit: usize) -> Result<usize, StoreError> {
+        let _ = (cooled_before, limit);
+        Ok(0)
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -331,6 +341,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
         (**self).changes_since(revision)
+    }
+    fn remove_emptied(&self, cooled_before: u64, limit: usize) -> Result<usize, StoreError> {
+        (**self).remove_emptied(cooled_before, limit)
     }
 }
 

@@ -43,6 +43,7 @@
 mod compact;
 mod follow;
 mod mirror;
+mod tidy;
 mod writes;
 
 use std::path::PathBuf;
@@ -327,5 +328,9 @@ impl Store for KubeStore {
 
     fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
         Ok(self.inner.mirror.changes_since(revision))
+    }
+
+    fn remove_emptied(&self, cooled_before: u64, limit: usize) -> Result<usize, StoreError> {
+        self.run(move |s| async move { s.delete_emptied(cooled_before, limit).await })
     }
 }

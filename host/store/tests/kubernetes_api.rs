@@ -426,3 +426,119 @@ fn a_watch_answered_gone_lists_again_and_the_feed_reports_what_changed() {
     assert_eq!(seen, [(ip("10.0.0.5"), ChangeKind::Claimed)]);
     assert_eq!(store.all().unwrap().len(), 1);
 }
+
+/// A block with no claim, named after `cidr` (a /26 of 10.0.0.0/24), at `rv`, whose one
+/// address was released at `released_at`.
+fn emptied(cidr_start: u8, rv: u64, released_at: u64) -> Value {
+    let name = format!("v4-10-0-0-{cidr_start}-26");
+    let released = format!("10.0.0.{}", cidr_start + 3);
+    json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPBlock",
+           "metadata": {"name": name, "resourceVersion": rv.to_string()},
+           "spec": {"cidr": format!("10.0.0.{cidr_start}/26"), "released": {released: released_at}}})
+}
+
+/// After a scan the controller deletes blocks that hold no claim and whose last release is
+/// old: each delete carries the version the block was seen empty at, and a deleted block is
+/// not asked for again. A block still cooling down and a block with a claim are left alone.
+#[test]
+fn emptied_blocks_past_their_cool_down_are_deleted_on_the_version_seen_empty() {
+    let mut with_claim = block(7, &[("10.0.0.130", "c1")]);
+    with_claim["metadata"]["name"] = json!("v4-10-0-0-128-26");
+    with_claim["spec"]["cidr"] = json!("10.0.0.128/26");
+    let listed = list(
+        10,
+        vec![emptied(0, 5, T0 - 7200), emptied(64, 6, T0), with_claim],
+    );
+    let (store, v, rt) = open(listed, Duration::from_secs(5));
+    let s = std::sync::Arc::new(store);
+    let s2 = s.clone();
+    let (deleted, v) = scripted(
+        &rt,
+        v,
+        move || s2.remove_emptied(T0 - 3600, 100),
+        async |v| {
+            let (options, send) = v
+                .expect("DELETE", &format!("{BLOCKS}/v4-10-0-0-0-26"))
+                .await;
+            assert_eq!(
+                options["preconditions"]["resourceVersion"], "5",
+                "{options}"
+            );
+            answer(send, 200, emptied(0, 11, T0 - 7200));
+        },
+    );
+    assert_eq!(deleted.unwrap(), 1);
+    // Out of the mirror: a second pass asks for nothing.
+    let s3 = s.clone();
+    let (again, _v) = scripted(
+        &rt,
+        v,
+        move || s3.remove_emptied(T0 - 3600, 100),
+        async |v| v.expect_nothing(Duration::from_millis(300)).await,
+    );
+    assert_eq!(again.unwrap(), 0);
+    assert_eq!(s.all().unwrap().len(), 1, "the claimed block is untouched");
+}
+
+/// A node claimed in the block after the controller saw it empty: the API server refuses the
+/// delete on the stale version, and the block (with the new claim) stays.
+#[test]
+fn a_block_written_since_it_was_seen_empty_is_not_deleted() {
+    let (store, v, rt) = open(
+        list(10, vec![emptied(0, 5, T0 - 7200)]),
+        Duration::from_secs(5),
+    );
+    let (deleted, _v) = scripted(
+        &rt,
+        v,
+        move || store.remove_emptied(T0 - 3600, 100),
+        async |v| {
+            let (_, send) = v
+                .expect("DELETE", &format!("{BLOCKS}/v4-10-0-0-0-26"))
+                .await;
+            answer(
+                send,
+                409,
+                refusal(
+                    409,
+                    "Conflict",
+                    "Precondition failed: ResourceVersion in precondition: 5, ResourceVersion in object meta: 12",
+                ),
+            );
+        },
+    );
+    assert_eq!(deleted.unwrap(), 0);
+}
+
+/// The other side of that race: a node writing a claim into a block the controller deleted
+/// meanwhile gets 404, reads again, finds no block and creates it with the claim.
+#[test]
+fn a_claim_into_a_block_deleted_meanwhile_creates_it_again() {
+    let (store, v, rt) = open(
+        list(10, vec![emptied(0, 5, T0 - 7200)]),
+        Duration::from_secs(5),
+    );
+    let s = std::sync::Arc::new(store);
+    let s2 = s.clone();
+    let (result, _v) = scripted(
+        &rt,
+        v,
+        move || s2.claim(&[fresh("10.0.0.7", "c1")]),
+        async |v| {
+            let path = format!("{BLOCKS}/v4-10-0-0-0-26");
+            let (body, send) = v.expect("PUT", &path).await;
+            assert_eq!(body["metadata"]["resourceVersion"], "5");
+            let gone = r#"ipblocks.allot.dev "v4-10-0-0-0-26" not found"#;
+            answer(send, 404, refusal(404, "NotFound", gone));
+            let (_, send) = v.expect("GET", &path).await;
+            answer(send, 404, refusal(404, "NotFound", gone));
+            let (body, send) = v.expect("POST", BLOCKS).await;
+            assert_eq!(body["spec"]["claims"]["10.0.0.7"]["containerId"], "c1");
+            let mut stored = body.clone();
+            stored["metadata"]["resourceVersion"] = json!("13");
+            answer(send, 201, stored);
+        },
+    );
+    result.expect("claimed");
+    assert_eq!(s.claims_of(&attachment("c1", "eth0")).unwrap().len(), 1);
+}

@@ -170,3 +170,79 @@ fn a_watch_that_lost_its_history_lists_again_and_keeps_following() {
         (node.all().unwrap().len() == 2).then_some(())
     });
 }
+
+/// An emptied block goes once its releases are older than asked, while a block with a claim
+/// stays whatever the age; another node's mirror drops the deleted block too, and the next
+/// claim in its range creates it again.
+#[test]
+fn emptied_blocks_are_deleted_and_a_later_claim_creates_them_again() {
+    let server = ApiServer::new();
+    let (controller, node) = (open(&server), open(&server));
+    let a = attachment("a", "eth0");
+    let b = attachment("b", "eth0");
+    node.claim(&[claim("10.0.0.5", "p", Some(&a), &pod("ns", "a", "ua"), T0)])
+        .unwrap();
+    node.claim(&[claim("10.0.1.5", "p", Some(&b), &pod("ns", "b", "ub"), T0)])
+        .unwrap();
+    node.release_attachment(&a).unwrap();
+    eventually("the controller sees the release", || {
+        (controller.all().unwrap().len() == 1).then_some(())
+    });
+    let now = system_clock()();
+    // Still cooling down: nothing goes.
+    assert_eq!(controller.remove_emptied(now - 3600, 100).unwrap(), 0);
+    assert_eq!(server.objects("ipblocks").len(), 2);
+    // Past it: the emptied block goes, the claimed one stays.
+    assert_eq!(controller.remove_emptied(now + 1, 100).unwrap(), 1);
+    let names: Vec<String> = server
+        .objects("ipblocks")
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["v4-10-0-1-0-26"]);
+    eventually("the node's mirror drops the deleted block", || {
+        (node.stats().blocks == 1).then_some(())
+    });
+    node.claim(&[claim("10.0.0.6", "p", Some(&a), &pod("ns", "a", "ua"), T0)])
+        .unwrap();
+    assert_eq!(server.objects("ipblocks").len(), 2);
+    eventually("the controller sees the new claim", || {
+        (controller.all().unwrap().len() == 2).then_some(())
+    });
+}
+
+/// A node whose mirror still holds the deleted block at its old version writes into it: the
+/// API answers 404, the node reads again and creates the block with its claim.
+#[test]
+fn a_node_that_missed_the_delete_still_claims() {
+    let server = ApiServer::new();
+    let (controller, node) = (open(&server), open(&server));
+    let a = attachment("a", "eth0");
+    node.claim(&[claim("10.0.0.5", "p", Some(&a), &pod("ns", "a", "ua"), T0)])
+        .unwrap();
+    node.release_attachment(&a).unwrap();
+    eventually("the controller sees the release", || {
+        controller.all().unwrap().is_empty().then_some(())
+    });
+    // The node's watch is cut before it can see the delete.
+    server.delay("watch", "ipblocks", Duration::from_secs(30));
+    let watches = server.requests("watch", "ipblocks");
+    server.close_watches();
+    eventually("both stores watch again (and wait)", || {
+        (server.requests("watch", "ipblocks") >= watches + 2).then_some(())
+    });
+    let now = system_clock()();
+    assert_eq!(controller.remove_emptied(now + 1, 100).unwrap(), 1);
+    assert!(server.objects("ipblocks").is_empty());
+    assert_eq!(
+        node.stats().blocks,
+        1,
+        "the node still holds the old version"
+    );
+    node.claim(&[claim("10.0.0.9", "p", Some(&a), &pod("ns", "a", "ua"), T0)])
+        .unwrap();
+    let blocks = server.objects("ipblocks");
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(blocks[0]["spec"]["claims"]["10.0.0.9"]["pod"], "a");
+    server.clear_faults();
+}

@@ -379,6 +379,36 @@ impl Mirror {
         }
     }
 
+    /// Up to `limit` blocks that hold no claim and whose every release happened before
+    /// `cooled_before` (unix seconds), with the resourceVersion they were seen at.
+    pub fn emptied(&self, cooled_before: u64, limit: usize) -> Vec<(String, String)> {
+        let st = self.lock();
+        let mut out: Vec<(String, String)> = st
+            .blocks
+            .iter()
+            .filter(|(_, b)| {
+                b.claims.is_empty() && b.released.values().all(|at| *at < cooled_before)
+            })
+            .filter_map(|(name, b)| Some((name.clone(), b.version.clone()?)))
+            .collect();
+        out.sort();
+        out.truncate(limit);
+        out
+    }
+
+    /// Drops a block this store deleted, unless the mirror already holds a newer version of it
+    /// (created again since): the watch's DELETED event, when it comes, finds nothing to do.
+    pub fn forget_deleted(&self, name: &str, version: &str) {
+        let mut st = self.lock();
+        if st
+            .blocks
+            .get(name)
+            .is_some_and(|b| b.claims.is_empty() && b.version.as_deref() == Some(version))
+        {
+            st.blocks.remove(name);
+        }
+    }
+
     /// Blocks and claims held (for measurements).
     pub fn counts(&self) -> (usize, usize) {
         let st = self.lock();

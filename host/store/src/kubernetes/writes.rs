@@ -39,7 +39,7 @@ impl Inner {
         (self.clock)()
     }
 
-    fn count(&self) {
+    pub(super) fn count(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
