@@ -1,7 +1,9 @@
 //! `allotctl policy new NAME` from an empty directory: the crate it writes builds for
 //! wasm32-wasip2 with no edits and passes `allotctl policy test` on its own scenario. It builds
-//! into the workspace's `target/wasm-policies` (where `make policies` builds), so the SDK's
-//! dependencies are already compiled and the test takes seconds.
+//! into a target directory of its own, `target/wasm-policy-new`: the new crate is outside the
+//! workspace, so cargo builds the SDK and the default policy there as other units than
+//! `make policies` does, and in a shared directory their outputs replaced the workspace's
+//! (the next `make policies` then failed on two versions of the SDK).
 
 use std::path::Path;
 use std::process::Command;
@@ -30,7 +32,7 @@ fn a_new_policy_builds_and_passes_its_scenario_without_edits() {
         assert!(krate.join(file).is_file(), "{file} is missing");
     }
 
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/wasm-policies");
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/wasm-policy-new");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
     build
