@@ -54,6 +54,10 @@ pub async fn run<I: Watched + Send + Sync>(
     let mut next_resync = tokio::time::Instant::now() + resync;
     loop {
         leadership.until_leading().await;
+        // Before reading the generation: a change made while the pass runs must wake the wait
+        // below (marking after the pass would swallow it until the next resync).
+        changes.mark_unchanged();
+        leading.mark_unchanged();
         let (ready, generation) = {
             let i = index.read();
             (i.ready(), i.generation())
@@ -72,8 +76,6 @@ pub async fn run<I: Watched + Send + Sync>(
         } else if !ready {
             tracing::debug!("{what}: waiting for the watches' first lists");
         }
-        changes.mark_unchanged();
-        leading.mark_unchanged();
         let wake = match backoff {
             Some(b) => tokio::time::Instant::now() + b,
             None => next_resync,
@@ -83,5 +85,65 @@ pub async fn run<I: Watched + Send + Sync>(
             _ = leading.changed() => done = None,
             _ = tokio::time::sleep_until(wake) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Toy {
+        generation: u64,
+    }
+
+    impl Watched for Toy {
+        fn ready(&self) -> bool {
+            true
+        }
+        fn generation(&self) -> u64 {
+            self.generation
+        }
+    }
+
+    /// Reports when each pass ran; the first one changes the index while it runs, as a watch
+    /// event arriving mid-pass does.
+    struct ChangesDuringFirstPass {
+        passes: tokio::sync::mpsc::UnboundedSender<tokio::time::Instant>,
+        count: usize,
+    }
+
+    impl Pass<Toy> for ChangesDuringFirstPass {
+        fn pass<'a>(&'a mut self, index: &'a Shared<Toy>, _: bool) -> BoxFuture<'a, Passed> {
+            Box::pin(async move {
+                self.count += 1;
+                if self.count == 1 {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    index.update(|t| t.generation += 1);
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                let _ = self.passes.send(tokio::time::Instant::now());
+                Passed::default()
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_made_during_a_pass_gets_a_pass_of_its_own_without_waiting_for_the_resync() {
+        let index = Shared::of(Toy { generation: 0 });
+        let (tx, mut passes) = tokio::sync::mpsc::unbounded_channel();
+        let pass = ChangesDuringFirstPass {
+            passes: tx,
+            count: 0,
+        };
+        let resync = Duration::from_secs(3600);
+        let looping = tokio::spawn(run("test", index, Leadership::always(), resync, pass));
+        let first = passes.recv().await.unwrap();
+        let second = passes.recv().await.unwrap();
+        looping.abort();
+        assert!(
+            second - first < Duration::from_secs(1),
+            "the second pass came {:?} after the first (the resync is {resync:?})",
+            second - first
+        );
     }
 }

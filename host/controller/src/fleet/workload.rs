@@ -229,14 +229,15 @@ impl WorkloadCopier {
         let mut leading = self.leadership.subscribe();
         loop {
             self.leadership.until_leading().await;
+            // Before reading the index: a change made during the round wakes the wait below.
+            changes.mark_unchanged();
+            leading.mark_unchanged();
             let wake = if index.read().ready() {
                 let (targets, notices) = copies(&index.read(), self.settings.default_on);
                 self.round(targets, notices).await
             } else {
                 None
             };
-            changes.mark_unchanged();
-            leading.mark_unchanged();
             let wake = wake.unwrap_or_else(|| Instant::now() + self.settings.resync);
             tokio::select! {
                 _ = changes.changed() => tokio::time::sleep(DEBOUNCE).await,
