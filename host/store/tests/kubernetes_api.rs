@@ -542,3 +542,36 @@ fn a_claim_into_a_block_deleted_meanwhile_creates_it_again() {
     result.expect("claimed");
     assert_eq!(s.claims_of(&attachment("c1", "eth0")).unwrap().len(), 1);
 }
+
+/// Without the delete verb the controller says which verb its ServiceAccount lacks.
+#[test]
+fn a_forbidden_delete_of_an_emptied_block_names_the_missing_verb() {
+    let (store, v, rt) = open(
+        list(10, vec![emptied(0, 5, T0 - 7200)]),
+        Duration::from_secs(5),
+    );
+    let (result, _v) = scripted(
+        &rt,
+        v,
+        move || store.remove_emptied(T0 - 3600, 100),
+        async |v| {
+            let (_, send) = v
+                .expect("DELETE", &format!("{BLOCKS}/v4-10-0-0-0-26"))
+                .await;
+            answer(
+                send,
+                403,
+                refusal(
+                    403,
+                    "Forbidden",
+                    "ipblocks.allot.dev \"v4-10-0-0-0-26\" is forbidden: User \"system:serviceaccount:allot:allot-controller\" cannot delete resource \"ipblocks\"",
+                ),
+            );
+        },
+    );
+    let message = result.unwrap_err().to_string();
+    assert!(
+        message.contains("needs delete on ipblocks.allot.dev"),
+        "{message}"
+    );
+}

@@ -38,6 +38,13 @@ impl Inner {
                 }
                 // Written since it was seen empty (409), or already gone (404): nothing to do.
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 403 => {
+                    return Err(StoreError::Backend(format!(
+                        "{what}: {}. The controller's ServiceAccount needs delete on \
+                         ipblocks.allot.dev (the Helm chart's ClusterRole grants it)",
+                        s.message
+                    )));
+                }
                 Err(e) => return Err(super::api_error(&what, e)),
             }
         }
