@@ -56,6 +56,9 @@ pub const DEFAULT_PREFIX: &str = "/allot";
 /// Budget of one request: an unreachable etcd fails a call quickly, so that the runtime retries.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long opening a store waits for its claims watch to learn where it starts.
+const FEED_START: Duration = Duration::from_secs(2);
+
 /// Claims released per transaction when many are released at once.
 pub const RELEASE_CHUNK: usize = 20;
 
@@ -213,6 +216,12 @@ impl EtcdStore {
             endpoints: config.endpoints.join(","),
         });
         runtime.spawn(feed::follow(inner.clone()));
+        // A snapshot read once the feed has its start revision is one the feed can follow on
+        // from; read before, its reader would be told to resync at once. Bounded, so that an
+        // etcd that is down still makes a store whose calls fail until it is back.
+        if !inner.feed.wait_live(FEED_START.min(config.timeout)) {
+            tracing::warn!(%peer, "the claims watch has not started yet; readers may resync once");
+        }
         Ok(EtcdStore { inner, blocking })
     }
 

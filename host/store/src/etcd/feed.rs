@@ -99,6 +99,16 @@ impl Feed {
         st.live.then_some(st.progress)
     }
 
+    /// Waits until the watch has started (its start revision is known), or `timeout` passes.
+    pub(super) fn wait_live(&self, timeout: Duration) -> bool {
+        let st = self.lock();
+        let (st, _) = self
+            .advanced
+            .wait_timeout_while(st, timeout, |st| !st.live)
+            .unwrap_or_else(|p| p.into_inner());
+        st.live
+    }
+
     /// Waits until the watch has seen past `revision` (a change, or confirmed progress).
     pub(super) fn wait_past(&self, revision: u64, timeout: Duration) -> bool {
         let st = self.lock();
