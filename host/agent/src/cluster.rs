@@ -14,14 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_index::{
-    Index, IndexResource, Lookup, Need, PodRequest, PoolObject, ReservedObject, SharedIndex,
-    SubnetObject, feed,
+    Index, IndexResource, Lookup, Need, PodRequest, SharedIndex, feed, pool_document_feeds,
 };
-use allot_k8s::{IPPool, ReservedIP, Subnet};
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 
@@ -92,22 +90,9 @@ pub fn watch(index: &Arc<SharedIndex>, client: &kube::Client) {
         watcher(Api::<StatefulSet>::all(c.clone()), config.clone()).default_backoff(),
         |s| s,
     ));
-    let dynamic = |r: ApiResource| Api::<DynamicObject>::all_with(c.clone(), &r);
-    tokio::spawn(feed(
-        i.clone(),
-        watcher(dynamic(ApiResource::erase::<IPPool>(&())), config.clone()).default_backoff(),
-        PoolObject,
-    ));
-    tokio::spawn(feed(
-        i.clone(),
-        watcher(dynamic(ApiResource::erase::<Subnet>(&())), config.clone()).default_backoff(),
-        SubnetObject,
-    ));
-    tokio::spawn(feed(
-        i,
-        watcher(dynamic(ApiResource::erase::<ReservedIP>(&())), config).default_backoff(),
-        ReservedObject,
-    ));
+    for watch in pool_document_feeds(&i, &c, &config) {
+        tokio::spawn(watch);
+    }
 }
 
 impl Cluster {

@@ -25,11 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::store::Store;
-use allot_index::{PoolObject, ReservedObject, Shared, SubnetObject, WorkloadIndex, feed};
-use allot_k8s::{IPPool, ReservedIP, Subnet};
+use allot_index::{Shared, WorkloadIndex, feed, pool_document_feeds};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinSet;
 
@@ -115,22 +114,9 @@ pub fn watch(index: &Arc<Shared<WorkloadIndex>>, client: &kube::Client) -> JoinS
     typed!(Job);
     typed!(DaemonSet);
     typed!(CronJob);
-    let dynamic = |r: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &r);
-    set.spawn(feed(
-        index.clone(),
-        watcher(dynamic(ApiResource::erase::<IPPool>(&())), config.clone()).default_backoff(),
-        PoolObject,
-    ));
-    set.spawn(feed(
-        index.clone(),
-        watcher(dynamic(ApiResource::erase::<Subnet>(&())), config.clone()).default_backoff(),
-        SubnetObject,
-    ));
-    set.spawn(feed(
-        index.clone(),
-        watcher(dynamic(ApiResource::erase::<ReservedIP>(&())), config).default_backoff(),
-        ReservedObject,
-    ));
+    for watch in pool_document_feeds(index, client, &config) {
+        set.spawn(watch);
+    }
     set
 }
 

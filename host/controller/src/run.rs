@@ -5,17 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::store::{Store, system_clock};
-use allot_index::{
-    ClusterIndex, EndpointObject, PoolObject, ReservedObject, Shared, SubnetObject, feed,
-};
-use allot_k8s::{Endpoint, IPPool, ReservedIP, Subnet};
+use allot_index::{ClusterIndex, EndpointObject, Shared, feed, pool_document_feeds};
+use allot_k8s::Endpoint;
 use allot_store::{KubeConfig, KubeStore};
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
@@ -53,22 +50,9 @@ pub fn watch(index: &Arc<Shared<ClusterIndex>>, client: &kube::Client, endpoints
             EndpointObject,
         ));
     }
-    let dynamic = |r: ApiResource| Api::<DynamicObject>::all_with(c.clone(), &r);
-    tokio::spawn(feed(
-        i.clone(),
-        watcher(dynamic(ApiResource::erase::<IPPool>(&())), config.clone()).default_backoff(),
-        PoolObject,
-    ));
-    tokio::spawn(feed(
-        i.clone(),
-        watcher(dynamic(ApiResource::erase::<Subnet>(&())), config.clone()).default_backoff(),
-        SubnetObject,
-    ));
-    tokio::spawn(feed(
-        i,
-        watcher(dynamic(ApiResource::erase::<ReservedIP>(&())), config).default_backoff(),
-        ReservedObject,
-    ));
+    for watch in pool_document_feeds(&i, &c, &config) {
+        tokio::spawn(watch);
+    }
 }
 
 /// A future that completes when `stop` turns true.

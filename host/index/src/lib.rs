@@ -40,7 +40,7 @@ mod workloads;
 
 pub use allot::{PoolObject, ReservedObject, SubnetObject};
 pub use cluster::{ClusterIndex, ClusterKind, EndpointObject, PodEntry};
-pub use feed::{IndexResource, feed};
+pub use feed::{IndexResource, feed, pool_document_feeds};
 pub use fleet::{
     CapiClusterObject, ClusterEntry, FleetAllocationEntry, FleetIndex, FleetKind, FleetPoolEntry,
     IpamAllocationObject, IpamPoolObject,
