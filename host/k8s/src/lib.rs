@@ -41,3 +41,28 @@ pub use pools::{
 pub const GROUP: &str = "allot.dev";
 /// The one version served so far.
 pub const VERSION: &str = "v1alpha1";
+
+/// The most an Event's note may hold (the API server refuses longer notes).
+pub const EVENT_NOTE_BYTES: usize = 1000;
+
+/// `text` as an Event's note: cut at a character boundary within [`EVENT_NOTE_BYTES`], with "…"
+/// where it was cut.
+pub fn event_note(text: &str) -> String {
+    if text.len() <= EVENT_NOTE_BYTES {
+        return text.to_string();
+    }
+    format!("{}…", &text[..text.floor_char_boundary(EVENT_NOTE_BYTES)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_note_is_cut_within_its_limit_at_a_character_boundary() {
+        assert_eq!(event_note("short"), "short");
+        let long = format!("{}é{}", "a".repeat(EVENT_NOTE_BYTES - 1), "b".repeat(10));
+        let note = event_note(&long);
+        assert_eq!(note, format!("{}…", "a".repeat(EVENT_NOTE_BYTES - 1)));
+    }
+}

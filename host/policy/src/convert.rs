@@ -189,11 +189,7 @@ macro_rules! shared_conversions {
             // The message is the policy's; bound it like any other output.
             let mut message = e.message;
             if message.len() > allot_core::policy::MAX_DETAIL_BYTES {
-                let mut end = allot_core::policy::MAX_DETAIL_BYTES;
-                while !message.is_char_boundary(end) {
-                    end -= 1;
-                }
-                message.truncate(end);
+                message.truncate(message.floor_char_boundary(allot_core::policy::MAX_DETAIL_BYTES));
                 message.push('…');
             }
             PolicyError::new(kind, message)

@@ -224,7 +224,7 @@ impl PolicyFollower {
                     Some(Event {
                         type_: EventType::Warning,
                         reason: "PolicyRefused".into(),
-                        note: Some(truncate(&format!(
+                        note: Some(allot_k8s::event_note(&format!(
                             "node {}: {}; still serving {serving}",
                             self.node, refusal.reason
                         ))),
@@ -287,18 +287,6 @@ async fn read_component(path: &str) -> std::io::Result<Vec<u8>> {
     })
     .await
     .map_err(std::io::Error::other)?
-}
-
-/// An Event's note is limited to 1 kB.
-fn truncate(note: &str) -> String {
-    if note.len() <= 1000 {
-        return note.to_string();
-    }
-    let mut end = 1000;
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &note[..end])
 }
 
 /// One decision on an empty inventory: a component that traps, loops past its deadline,

@@ -380,7 +380,7 @@ impl Reconciler {
         let event = Event {
             type_: EventType::Warning,
             reason: "AutoPoolRefused".into(),
-            note: Some(truncate(reason)),
+            note: Some(allot_k8s::event_note(reason)),
             action: "CarveAutoPool".into(),
             secondary: None,
         };
@@ -421,16 +421,4 @@ fn refused(what: &str, name: &str, e: kube::Error) -> bool {
             true
         }
     }
-}
-
-/// An Event's note is at most 1 kB.
-fn truncate(s: &str) -> String {
-    if s.len() <= 1000 {
-        return s.to_string();
-    }
-    let mut end = 1000;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }

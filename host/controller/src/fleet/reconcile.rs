@@ -329,7 +329,7 @@ impl Reconciler {
         let event = Event {
             type_: EventType::Warning,
             reason: n.reason.into(),
-            note: Some(truncate(&n.message)),
+            note: Some(allot_k8s::event_note(&n.message)),
             action: "AllocateFleetRange".into(),
             secondary: None,
         };
@@ -391,16 +391,4 @@ fn describe(spec: &IPAMAllocationSpec) -> String {
         Some(cidr) => cidr.clone(),
         None => spec.addresses.join(","),
     }
-}
-
-/// An Event's note is at most 1 kB.
-pub(crate) fn truncate(s: &str) -> String {
-    if s.len() <= 1000 {
-        return s.to_string();
-    }
-    let mut end = 1000;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }

@@ -31,7 +31,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Event, EventType};
 use tokio::time::Instant;
 
-use super::reconcile::{Events, cluster_reference, truncate};
+use super::reconcile::{Events, cluster_reference};
 use super::wants::{ClusterRef, Notice, tenants};
 use crate::lease::Leadership;
 
@@ -364,7 +364,7 @@ impl WorkloadCopier {
         let event = Event {
             type_,
             reason: reason.into(),
-            note: Some(truncate(note)),
+            note: Some(allot_k8s::event_note(note)),
             action: "CopyConfigMap".into(),
             secondary: None,
         };
