@@ -2,11 +2,12 @@
 //! and claims that the admission webhook runs before an object reaches the API, on top of the
 //! checks of one object (`from_spec`) that every loader runs.
 //!
-//! What users expect (REFERENCE.md): `subnet` and `ipVersion` are immutable; subnets of one
-//! family are identical or disjoint and no address belongs to two pools (core's [`conflict`],
-//! the same test the agent's reconcile leaves a new pool out by); an address in use stays in its
-//! pool (not removed from `ips`, not added to `excludeIPs`, not made the gateway); a pool that
-//! holds addresses is not deleted; a pool carved from a Subnet fits inside it.
+//! What users expect (Spiderpool's IPPool webhook does the same): `subnet` and `ipVersion` are
+//! immutable; subnets of one family are identical or disjoint and no address belongs to two
+//! pools (core's [`conflict`], the same test the agent's reconcile leaves a new pool out by); an
+//! address in use stays in its pool (not removed from `ips`, not added to `excludeIPs`, not made
+//! the gateway); a pool that holds addresses is not deleted; a pool carved from a Subnet fits
+//! inside it.
 //!
 //! Pure: the caller reads the objects and the claims ([`Existing`]).
 

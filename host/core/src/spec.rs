@@ -1,4 +1,5 @@
-//! The user-facing object shapes (IPPool, Subnet, ReservedIP) with REFERENCE.md's field names.
+//! The user-facing object shapes (IPPool, Subnet, ReservedIP) with Spiderpool's field names
+//! (`spidernet.io/v2beta1`), so that its users' manifests carry over.
 //!
 //! Unknown fields are rejected so that a typo (`nodename`) is an error naming the field, not a
 //! silently ignored constraint.

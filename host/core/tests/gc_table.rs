@@ -1,5 +1,6 @@
-//! The GC decision table, row by row: every case of Spiderpool's GC documentation and of
-//! REFERENCE.md, and how a leak then waits for its second sighting and its release time.
+//! The GC decision table, row by row: every case of Spiderpool's GC documentation (its
+//! `SPIDERPOOL_GC_…` settings and release times) and Calico's second sighting, and how a leak
+//! then waits for its second sighting and its release time.
 
 use allot_core::gc::{
     GcConfig, Keep, LeakReason, NotBefore, PodPhase, PodState, StatefulSetState, Suspects, Verdict,
@@ -26,6 +27,7 @@ fn claim(name: &str, owner: Option<(&str, &str)>) -> Claim {
             owner_kind: owner.map(|(k, _)| k.to_string()),
             owner_name: owner.map(|(_, n)| n.to_string()),
         },
+        node: "node-a".into(),
         updated_at: NOW - 10_000,
     }
 }
