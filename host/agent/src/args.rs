@@ -262,20 +262,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         registry.install(STANDALONE_CLUSTER, policy.clone(), on_failure);
         base_policy = Some((policy, on_failure));
     }
+    // Several nodes write this store (etcd, the cluster's IPBlocks), or this node alone (SQLite).
+    let shared_store = etcd.is_some() || cluster.is_some();
     let config = EngineConfig {
         cooldown: args.cooldown_seconds,
         gc_grace: args.gc_grace_seconds,
         stateful_keep: args.statefulset_keep_seconds,
         resync: args.resync_seconds.max(1),
         // Nodes sharing a store start each pool at a place of their own, so they rarely race.
-        spread: (etcd.is_some() || cluster.is_some()).then(|| seed_of(&node_name)),
+        spread: shared_store.then(|| seed_of(&node_name)),
+        single_node: !shared_store,
     };
-    let engine: Arc<AgentEngine> = Arc::new(Engine::with_config(
-        store,
-        registry.for_cluster(STANDALONE_CLUSTER),
-        config,
-        system_clock(),
-    ));
+    let engine: Arc<AgentEngine> = Arc::new(
+        Engine::with_config(
+            store,
+            registry.for_cluster(STANDALONE_CLUSTER),
+            config,
+            system_clock(),
+        )
+        .on_node(&node_name),
+    );
     let metrics = Arc::new(Metrics::new());
     let follower = cluster.as_ref().map(|c| PolicyFollower {
         client: c.client.clone(),
@@ -325,6 +331,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || inventory::reload(&first, &first_source))
             .await
             .context("loading the pools")?;
+        // DELs remembered while this agent was away are served before any ADD is taken; an
+        // entry that cannot be served yet is settled by its attachment's ADD, or at a tick.
+        let replaying = shared.clone();
+        let journal = args.journal.clone();
+        tokio::task::spawn_blocking(move || crate::journal::replay(&replaying, &journal))
+            .await
+            .context("replaying the DEL journal")?;
         if let Some(etcd) = etcd {
             follow_watch(shared.clone(), etcd);
         }

@@ -34,6 +34,11 @@ pub struct PoolLabel {
     pub state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolNameLabel {
+    pub pool: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub allocations: Counter,
@@ -54,6 +59,9 @@ pub struct Metrics {
     pub probe_ahead_misses: Counter,
     pub probe_ahead_probes: Counter,
     lost_races: Counter,
+    /// Cooling addresses handed out because nothing else was free, per pool, advanced to the
+    /// engine's totals at each scrape.
+    cooldown_cut_short: Family<PoolNameLabel, Counter>,
     /// Policy faults (trap, deadline, memory-limit, bad-output, internal), advanced to the
     /// policy registry's totals at each scrape.
     policy_faults: Family<FaultLabel, Counter>,
@@ -102,6 +110,14 @@ impl Metrics {
             "Probes (each of up to the network's tries) the agent completed from parent links ahead of ADDs",
             probe_ahead_probes.clone(),
         );
+        let cooldown_cut_short = Family::<PoolNameLabel, Counter>::default();
+        registry.register(
+            "cooldown_cut_short",
+            "Addresses handed out before their cooldown (--cooldown-seconds) was over, because no \
+             other address of the pool was free: the one released longest ago, rather than \
+             failing the pod",
+            cooldown_cut_short.clone(),
+        );
         registry.register(
             "lost_races",
             "Address races lost to another writer of the store (another agent); each was retried with another address",
@@ -134,8 +150,9 @@ impl Metrics {
         );
         registry.register(
             "pool_addresses",
-            "Addresses per pool: total (assignable), free, cooling (released, not yet reusable) \
-             and claims (held by a terminating version)",
+            "Addresses per pool: total (assignable), free (can be handed out, cooling ones \
+             included), cooling (of the free ones, released less than the cooldown ago: handed \
+             out only when no other is free) and claims (held by a terminating version)",
             pool_addresses.clone(),
         );
         registry.register(
@@ -165,6 +182,7 @@ impl Metrics {
             probe_ahead_misses,
             probe_ahead_probes,
             lost_races,
+            cooldown_cut_short,
             policy_faults,
             encoding: Default::default(),
         }
@@ -218,6 +236,15 @@ impl Metrics {
             let seen = counter.get();
             if *total > seen {
                 counter.inc_by(total - seen);
+            }
+        }
+        for u in usage.iter().filter(|u| u.cooldown_cut_short > 0) {
+            let counter = self.cooldown_cut_short.get_or_create(&PoolNameLabel {
+                pool: u.name.clone(),
+            });
+            let seen = counter.get();
+            if u.cooldown_cut_short > seen {
+                counter.inc_by(u.cooldown_cut_short - seen);
             }
         }
         self.pool_addresses.clear();

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use allot_api::{self as api, ErrorBody, codes};
 use allot_core::PolicyErrorKind;
-use allot_core::engine::{AddOutcome, AddRequest, AllocError, DelRequest};
+use allot_core::engine::{AddOutcome, AddRequest, AllocError, DelRequest, Serialized};
 use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, Owner, PodInfo};
 use allot_core::store::{Attachment, Claim, StoreError};
 use anyhow::Context as _;
@@ -279,7 +279,8 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
                         issued_at: r.issued_at,
                     };
                     let container = request.attachment.clone();
-                    let touched = match release(s, request) {
+                    let lock = s.engine.serialize(&container);
+                    let touched = match release_serialized(s, &lock, request) {
                         Err(AllocError::Store(StoreError::Unavailable(why))) => {
                             // The pod must be able to go away: remember the DEL and replay it
                             // when the store is back, as the plugin does when we are down.
@@ -287,6 +288,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
                         }
                         other => other?,
                     };
+                    // Served now: a DEL remembered before (the runtime retried) is done too.
+                    if let Err(e) = crate::journal::forget(s, &lock) {
+                        tracing::warn!(%container, "served, but cannot remove its DEL journal entry: {e}; replaying it later releases nothing this attachment holds then");
+                    }
                     if r.issued_at.is_some() {
                         let released = touched.iter().filter(|c| c.attachment.is_some()).count();
                         tracing::info!(%container, released, "replayed a DEL from the plugin's journal");
@@ -358,18 +363,22 @@ fn attachment(a: &api::AttachmentId) -> Attachment {
     }
 }
 
-/// A DEL, from the plugin or replayed from its journal: in cluster mode the StatefulSet's
-/// replica count comes from the index when the caller did not say it, and the pod's Endpoint
-/// loses the interface whose addresses were released. Returns the claims touched (released
-/// ones still name their attachment; kept ones do not).
-pub(crate) fn release(shared: &Shared, mut request: DelRequest) -> Result<Vec<Claim>, AllocError> {
+/// A DEL, from the plugin or replayed from its journal, under the attachment's lock: in cluster
+/// mode the StatefulSet's replica count comes from the index when the caller did not say it,
+/// and the pod's Endpoint loses the interface whose addresses were released. Returns the claims
+/// touched (released ones still name their attachment; kept ones do not).
+pub(crate) fn release_serialized(
+    shared: &Shared,
+    lock: &Serialized<'_>,
+    mut request: DelRequest,
+) -> Result<Vec<Claim>, AllocError> {
     if let Some(cluster) = &shared.cluster
         && request.owner_replicas.is_none()
     {
         request.owner_replicas =
             cluster.owner_replicas(shared.engine.store().as_ref(), &request.attachment);
     }
-    let touched = shared.engine.del_request(&request)?;
+    let touched = shared.engine.del_serialized(lock, &request)?;
     let released: Vec<&Claim> = touched.iter().filter(|c| c.attachment.is_some()).collect();
     shared.metrics.releases.inc_by(released.len() as u64);
     if let (Some(cluster), Some(c)) = (&shared.cluster, released.first()) {
@@ -629,7 +638,12 @@ async fn add(shared: Arc<Shared>, r: api::AddRequest) -> Reply {
         Err(reply) => return reply,
     };
     let reply = blocking(&shared, "add", move |s| {
-        let out = s.engine.add(&request)?;
+        let lock = s.engine.serialize(&request.attachment);
+        // A DEL of this attachment remembered while it could not be served was issued before
+        // this ADD: it comes first (see the journal module).
+        crate::journal::settle(s, &lock)?;
+        let out = s.engine.add_serialized(&lock, &request)?;
+        drop(lock);
         if let (Some(cluster), Some(pod)) = (&s.cluster, &found) {
             cluster.endpoints.added(pod, &request.attachment.interface, &out);
         }

@@ -8,14 +8,19 @@ use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::DelRequest;
+use crate::{AttachmentId, DelRequest};
 
 /// The file remembering the DEL of this attachment. Container IDs and interface names are
 /// validated before (no `/`, not `.` or `..`), so the name stays inside `dir`.
 pub fn entry_path(dir: &Path, request: &DelRequest) -> PathBuf {
+    path_of(dir, &request.attachment)
+}
+
+/// The file that remembers a DEL of `attachment`, whether or not there is one.
+pub fn path_of(dir: &Path, attachment: &AttachmentId) -> PathBuf {
     dir.join(format!(
         "{}@{}.json",
-        request.attachment.container_id, request.attachment.if_name
+        attachment.container_id, attachment.if_name
     ))
 }
 
@@ -49,7 +54,6 @@ pub fn record(dir: &Path, request: &DelRequest) -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::AttachmentId;
 
     #[test]
     fn entries_are_written_whole_and_replaced() {

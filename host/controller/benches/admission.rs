@@ -101,6 +101,7 @@ fn main() {
                     uid: format!("u{i}-{j}"),
                     ..PodRef::default()
                 },
+                node: String::new(),
                 updated_at: 0,
             })
         })

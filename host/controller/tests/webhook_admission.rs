@@ -76,6 +76,7 @@ fn claim(address: &str, pool: &str, pod: &str) -> Claim {
             uid: format!("uid-{pod}"),
             ..PodRef::default()
         },
+        node: String::new(),
         updated_at: 0,
     }
 }

@@ -239,6 +239,7 @@ mod tests {
             network: "n".into(),
             attachment: None,
             pod: PodRef::default(),
+            node: String::new(),
             updated_at: 0,
         }
     }

@@ -4,7 +4,7 @@
 //! In-memory state is an index of free addresses per pool, built from a store snapshot and kept
 //! true by the store's change feed (so that agents and tools sharing one store see each other's
 //! claims and releases), with a periodic full resync as a safety net; the store is the truth.
-//! Lifecycle (DESIGN.md):
+//! Lifecycle:
 //!
 //! * ADD is idempotent per attachment (container ID, interface): an attachment that holds
 //!   claims gets the same addresses again, and a retry completes any family it lacks. A
@@ -15,8 +15,10 @@
 //! * DEL releases what the attachment holds (a StatefulSet pod's addresses are kept, detached,
 //!   for its next ADD, unless the set was scaled below its ordinal); idempotent. A released
 //!   address cools down before it is handed out again.
-//! * GC releases claims of a network that no valid attachment holds, once seen leaked twice past
-//!   a grace period ([`crate::gc`]); kept StatefulSet addresses expire after a keep time.
+//! * GC releases claims of a network that this node made and that no valid attachment holds,
+//!   once seen leaked twice past a grace period ([`crate::gc`]); a runtime lists its own node's
+//!   attachments only, so other nodes' claims are never its to judge. Kept StatefulSet
+//!   addresses expire after a keep time.
 
 mod ahead;
 mod inventory;
@@ -67,6 +69,10 @@ pub struct EngineConfig {
     /// where the last writer left the shared cursor. Nodes walking the same order from the
     /// same place would race for every address; from their own places they rarely meet.
     pub spread: Option<u64>,
+    /// Set when the store serves this node alone (the embedded store): claims that record no
+    /// node (written before claims recorded one) are then this node's, for the CNI GC verb.
+    /// With a shared store they may be any node's, and that verb leaves them alone.
+    pub single_node: bool,
 }
 
 impl Default for EngineConfig {
@@ -77,6 +83,7 @@ impl Default for EngineConfig {
             stateful_keep: 24 * 3600,
             resync: 300,
             spread: None,
+            single_node: true,
         }
     }
 }
@@ -101,8 +108,9 @@ pub struct DelRequest {
     /// The StatefulSet's replica count, when the caller knows it: a pod whose ordinal is at or
     /// past it is gone for good, and its address is released instead of kept.
     pub owner_replicas: Option<u32>,
-    /// When the DEL was issued (unix seconds), for a DEL replayed late (from the plugin's
-    /// journal): claims made after it belong to a later ADD and are left alone.
+    /// When the DEL was issued (unix seconds), for a DEL replayed late (from the DEL journal).
+    /// Its caller orders it before any later ADD of the attachment ([`Engine::del_serialized`]);
+    /// it releases only claims still as it read them.
     pub issued_at: Option<u64>,
 }
 
@@ -206,9 +214,13 @@ pub struct PoolUsage {
     pub family: IpFamily,
     /// Assignable addresses (0 for a retired version).
     pub total: u64,
+    /// Addresses that can be handed out, cooling ones included.
     pub free: u64,
-    /// Released addresses cooling down (neither free nor claimed).
+    /// Of the free addresses, those released less than the cooldown ago: handed out only when
+    /// no other free address is left.
     pub cooling: u64,
+    /// Cooling addresses handed out because nothing else was free, since start.
+    pub cooldown_cut_short: u64,
     /// Claims a retired version still serves.
     pub claims: u64,
     pub state: PoolState,
@@ -220,6 +232,25 @@ pub struct GcReport {
     pub released: Vec<Claim>,
     /// Claims seen leaked, waiting for their second sighting past the grace period.
     pub suspects: usize,
+}
+
+/// The lock of one attachment, held ([`Engine::serialize`]).
+pub struct Serialized<'a> {
+    attachment: Attachment,
+    _guard: MutexGuard<'a, ()>,
+}
+
+impl Serialized<'_> {
+    pub fn attachment(&self) -> &Attachment {
+        &self.attachment
+    }
+
+    fn check(&self, attachment: &Attachment) {
+        assert_eq!(
+            &self.attachment, attachment,
+            "the lock held is another attachment's"
+        );
+    }
 }
 
 /// What was last installed, to tell a real change from a reload of the same objects.
@@ -236,6 +267,8 @@ pub struct Engine<S, P> {
     store: S,
     policy: P,
     config: EngineConfig,
+    /// The node this engine allocates on, recorded in every claim it makes ([`Engine::on_node`]).
+    node: String,
     clock: Clock,
     state: Mutex<State>,
     /// Serialises installs and resyncs (which build without holding `state`).
@@ -244,6 +277,8 @@ pub struct Engine<S, P> {
     attachment_locks: Vec<Mutex<()>>,
     /// Create-if-absent races lost to another writer of the store, since start.
     lost_races: std::sync::atomic::AtomicU64,
+    /// Per pool name: cooling addresses handed out because nothing else was free, since start.
+    cut_short: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -260,13 +295,27 @@ impl<S: Store, P: Policy> Engine<S, P> {
             store,
             policy,
             config,
+            node: String::new(),
             clock,
             state: Mutex::new(State::empty(config.cooldown)),
             installed: Mutex::new(Installed::default()),
             suspects: Mutex::new(Suspects::new()),
             attachment_locks: (0..ATTACHMENT_STRIPES).map(|_| Mutex::new(())).collect(),
             lost_races: Default::default(),
+            cut_short: Default::default(),
         }
+    }
+
+    /// The engine of node `node`: its claims record the node, and the CNI GC verb
+    /// ([`Engine::gc`]) judges that node's claims alone.
+    pub fn on_node(mut self, node: &str) -> Self {
+        self.node = node.to_string();
+        self
+    }
+
+    /// The node this engine allocates on.
+    pub fn node(&self) -> &str {
+        &self.node
     }
 
     fn lock_attachment(&self, attachment: &Attachment) -> MutexGuard<'_, ()> {
@@ -347,6 +396,30 @@ impl<S: Store, P: Policy> Engine<S, P> {
 
     pub fn add(&self, req: &AddRequest) -> Result<AddOutcome, AllocError> {
         let _serial = self.lock_attachment(&req.attachment);
+        self.add_locked(req)
+    }
+
+    /// Holds `attachment`'s lock until the returned guard is dropped: its ADD, DEL and CHECK wait
+    /// meanwhile. For work that must be ordered with them exactly, such as a DEL remembered in a
+    /// journal that an ADD of the same attachment must settle first
+    /// ([`Engine::add_serialized`], [`Engine::del_serialized`]).
+    pub fn serialize(&self, attachment: &Attachment) -> Serialized<'_> {
+        Serialized {
+            attachment: attachment.clone(),
+            _guard: self.lock_attachment(attachment),
+        }
+    }
+
+    /// [`Engine::add`] under a lock the caller holds already.
+    ///
+    /// # Panics
+    /// When `held` is another attachment's lock (a bug of the caller's).
+    pub fn add_serialized(
+        &self,
+        held: &Serialized<'_>,
+        req: &AddRequest,
+    ) -> Result<AddOutcome, AllocError> {
+        held.check(&req.attachment);
         self.add_locked(req)
     }
 
@@ -468,6 +541,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
                     network: req.network.clone(),
                     attachment: Some(req.attachment.clone()),
                     pod: pod.clone(),
+                    node: self.node.clone(),
                     updated_at: now,
                 })
                 .collect();
@@ -563,6 +637,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
                     address: k.address,
                     pod: pod.clone(),
                     attachment: req.attachment.clone(),
+                    node: self.node.clone(),
                     now,
                 });
             }
@@ -570,7 +645,10 @@ impl<S: Store, P: Policy> Engine<S, P> {
         Ok(out)
     }
 
-    /// Takes one free address per family from the first pool of its order with room.
+    /// Takes one free address per family from the first pool of its order with room: an
+    /// address that is not cooling down if any pool of the order has one, else the one released
+    /// longest ago of the first pool that has any (counted in
+    /// [`PoolUsage::cooldown_cut_short`]). A cooldown prefers, it never refuses.
     fn pick(
         &self,
         inventory: &Inventory,
@@ -581,21 +659,28 @@ impl<S: Store, P: Policy> Engine<S, P> {
         let mut state = self.state();
         let mut picks: Vec<(IpAddr, String)> = Vec::with_capacity(families.len());
         for fam in families {
-            let mut got = None;
-            for &i in &fam.order {
-                let name = &inventory.pools[i as usize].name;
-                // The inventory may have been replaced since the decision: go by name, and
-                // skip a pool that has since been disabled or marked for deletion.
-                let Some(&entry) = state.by_name.get(name) else {
-                    continue;
-                };
-                let pool = &state.pools[entry].pool;
-                if pool.spec.disable || pool.terminating() || pool.family != fam.family {
-                    continue;
-                }
-                if let Some(addr) = state.take(entry) {
-                    got = Some((addr, name.clone()));
-                    break;
+            // The inventory may have been replaced since the decision: go by name, and skip a
+            // pool that has since been disabled or marked for deletion.
+            let serving: Vec<(usize, &String)> = fam
+                .order
+                .iter()
+                .map(|&i| &inventory.pools[i as usize].name)
+                .filter_map(|name| {
+                    let &entry = state.by_name.get(name)?;
+                    let pool = &state.pools[entry].pool;
+                    let takes = !pool.spec.disable && !pool.terminating();
+                    (takes && pool.family == fam.family).then_some((entry, name))
+                })
+                .collect();
+            let mut got = serving
+                .iter()
+                .find_map(|&(entry, name)| Some((state.take(entry)?, name.clone())));
+            if got.is_none() {
+                got = serving
+                    .iter()
+                    .find_map(|&(entry, name)| Some((state.take_cooling(entry)?, name.clone())));
+                if let Some((_, name)) = &got {
+                    *lock(&self.cut_short).entry(name.clone()).or_default() += 1;
                 }
             }
             match got {

@@ -151,6 +151,7 @@ mod tests {
                 interface: "eth0".into(),
             }),
             pod: PodRef::default(),
+            node: "node-a".into(),
             updated_at,
         }
     }

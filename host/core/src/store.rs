@@ -81,6 +81,10 @@ pub struct Claim {
     /// between its DEL and its next ADD.
     pub attachment: Option<Attachment>,
     pub pod: PodRef,
+    /// The node whose agent made the claim, or last took it back for its pod: CNI attachments
+    /// are a node's own (a runtime lists only its node's), so the CNI GC verb on a node looks
+    /// at that node's claims alone. Empty in claims written before claims recorded their node.
+    pub node: String,
     /// Unix seconds of creation (or of the last attach/detach/quarantine).
     pub updated_at: u64,
 }
@@ -117,6 +121,8 @@ pub struct Reattach {
     /// The pod taking it back: same namespace and name as the claim's, new UID and owner.
     pub pod: PodRef,
     pub attachment: Attachment,
+    /// The node taking it back (a StatefulSet pod may come back on another node).
+    pub node: String,
     /// Unix seconds, the claim's new `updated_at`.
     pub now: u64,
 }
@@ -205,24 +211,13 @@ pub trait Store: Send + Sync {
     /// stickiness). Returns the detached claims.
     fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError>;
 
-    /// Attaches a detached claim to `attachment`, only if it is still detached and still belongs
-    /// to the same pod (namespace and name); fails with [`StoreError::Stale`] otherwise. The
-    /// claim takes the new pod's UID and owner (a restarted StatefulSet pod has a new UID, and GC
-    /// compares UIDs).
-    fn reattach(
-        &self,
-        address: IpAddr,
-        pod: &PodRef,
-        attachment: &Attachment,
-        now: u64,
-    ) -> Result<Claim, StoreError> {
-        let batch = [Reattach {
-            address,
-            pod: pod.clone(),
-            attachment: attachment.clone(),
-            now,
-        }];
-        let mut claims = self.claim_batch(&[], &batch)?;
+    /// Attaches a detached claim to `reattach.attachment`, only if it is still detached and still
+    /// belongs to the same pod (namespace and name); fails with [`StoreError::Stale`] otherwise.
+    /// The claim takes the new pod's UID and owner (a restarted StatefulSet pod has a new UID, and
+    /// GC compares UIDs) and the node taking it back.
+    fn reattach(&self, reattach: Reattach) -> Result<Claim, StoreError> {
+        let address = reattach.address;
+        let mut claims = self.claim_batch(&[], &[reattach])?;
         claims.pop().ok_or(StoreError::Stale(address))
     }
 
@@ -303,14 +298,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
         (**self).detach(attachment, now)
     }
-    fn reattach(
-        &self,
-        address: IpAddr,
-        pod: &PodRef,
-        attachment: &Attachment,
-        now: u64,
-    ) -> Result<Claim, StoreError> {
-        (**self).reattach(address, pod, attachment, now)
+    fn reattach(&self, reattach: Reattach) -> Result<Claim, StoreError> {
+        (**self).reattach(reattach)
     }
     fn quarantine(
         &self,
@@ -490,6 +479,7 @@ impl Store for MemoryStore {
             let c = state.claims.get_mut(&r.address).expect("checked above");
             c.attachment = Some(r.attachment.clone());
             c.pod = r.pod.clone();
+            c.node = r.node.clone();
             c.updated_at = r.now;
             out.push(c.clone());
             state.record(r.address, ChangeKind::Updated, at);

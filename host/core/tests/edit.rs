@@ -71,6 +71,7 @@ fn claim(address: &str, pool: &str, pod: &str) -> Claim {
             uid: format!("uid-{pod}"),
             ..Default::default()
         },
+        node: String::new(),
         updated_at: 0,
     }
 }

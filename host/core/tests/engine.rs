@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Barrier};
 
-use allot_core::engine::{AllocError, Engine};
+use allot_core::engine::{AllocError, Engine, EngineConfig};
 use allot_core::policy::Owner;
 use allot_core::spec::{ObjectMeta, ReservedIpSpec};
 use allot_core::store::{
@@ -320,6 +320,92 @@ fn gc_releases_every_claim_not_listed_as_valid() {
     assert_eq!(e.usage()[0].free, 9);
 }
 
+/// Two nodes' agents share one store (etcd, the cluster's IPBlocks). Node A's runtime lists
+/// only node A's attachments, so node A's GC must never judge node B's claims: before claims
+/// recorded their node, A's second GC released B's live pods' addresses and handed them out.
+#[test]
+fn gc_on_a_shared_store_judges_its_own_nodes_claims_only() {
+    let store = std::sync::Arc::new(MemoryStore::new());
+    let pools = || vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.20"], None)];
+    let shared = EngineConfig {
+        single_node: false,
+        ..quick()
+    };
+    let node_a = engine_on(store.clone(), pools(), shared).on_node("node-a");
+    let node_b = engine_on(store.clone(), pools(), shared).on_node("node-b");
+    let on_b = node_b.add(&add_req("b1", "eth0", &["a"], &[])).unwrap();
+    node_a.add(&add_req("a1", "eth0", &["a"], &[])).unwrap();
+    node_a.add(&add_req("a2", "eth0", &["a"], &[])).unwrap();
+    let claims = store.all().unwrap();
+    assert_eq!(
+        claims.iter().filter(|c| c.node == "node-b").count(),
+        1,
+        "every claim names the node that made it: {claims:?}"
+    );
+
+    // Node A's runtime still runs a1; a2 is gone; it knows nothing of b1.
+    let valid = BTreeSet::from([att("a1", "eth0")]);
+    assert_eq!(node_a.gc("net-a", &valid).unwrap().suspects, 1);
+    let released = node_a.gc("net-a", &valid).unwrap().released;
+    let gone: Vec<&str> = released
+        .iter()
+        .map(|c| c.attachment.as_ref().unwrap().container_id.as_str())
+        .collect();
+    assert_eq!(gone, ["a2"], "node B's pod keeps its address");
+    let b_address = on_b.allocations[0].address;
+    assert!(
+        store
+            .all()
+            .unwrap()
+            .iter()
+            .any(|c| c.address == b_address && c.node == "node-b"),
+        "b1 still holds {b_address}"
+    );
+    // Node B's own GC, with b1 running, releases nothing.
+    let valid = BTreeSet::from([att("b1", "eth0")]);
+    node_b.gc("net-a", &valid).unwrap();
+    assert!(node_b.gc("net-a", &valid).unwrap().released.is_empty());
+}
+
+/// Claims written before claims recorded their node: with the embedded store (one node) they
+/// are that node's, and its GC releases them as before; with a shared store they may be any
+/// node's, and no node's CNI GC judges them (the controller's GC does, from the pods).
+#[test]
+fn gc_of_claims_without_a_node_only_where_the_store_serves_one_node() {
+    for single_node in [true, false] {
+        let store = MemoryStore::new();
+        store
+            .claim(&[Claim {
+                address: ip("10.0.0.10"),
+                pool: "a".into(),
+                network: "net-a".into(),
+                attachment: Some(att("old", "eth0")),
+                pod: PodRef::default(),
+                node: String::new(),
+                updated_at: 0,
+            }])
+            .unwrap();
+        let config = EngineConfig {
+            single_node,
+            ..quick()
+        };
+        let e = engine_on(
+            store,
+            vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.11"], None)],
+            config,
+        )
+        .on_node("node-a");
+        let none = BTreeSet::new();
+        e.gc("net-a", &none).unwrap();
+        let released = e.gc("net-a", &none).unwrap().released.len();
+        assert_eq!(
+            released,
+            usize::from(single_node),
+            "single node: {single_node}"
+        );
+    }
+}
+
 #[test]
 fn reload_keeps_claims_and_rebuilds_indexes_from_the_store() {
     let store = MemoryStore::new();
@@ -330,6 +416,7 @@ fn reload_keeps_claims_and_rebuilds_indexes_from_the_store() {
             network: "net-a".into(),
             attachment: Some(att("old", "eth0")),
             pod: PodRef::default(),
+            node: String::new(),
             updated_at: 0,
         }])
         .unwrap();
@@ -459,6 +546,7 @@ fn lost_races_are_retried_with_other_addresses() {
             network: "net-a".into(),
             attachment: Some(att("theirs", a)),
             pod: PodRef::default(),
+            node: String::new(),
             updated_at: 0,
         })
         .collect();

@@ -240,6 +240,7 @@ fn foreign_claims(n: usize) -> Vec<Claim> {
                 uid: format!("u{i}"),
                 ..Default::default()
             },
+            node: String::new(),
             updated_at: 0,
         })
         .collect()
@@ -272,31 +273,120 @@ fn requests_never_scan_every_claim() {
     );
 }
 
-/// A just-released address stays out of the index for the cooldown, even when it is the only
-/// one left.
+/// A just-released address cools down: every other free address is handed out before it, and
+/// when only cooling ones are left the one released longest ago is handed out rather than the
+/// pod refused, and counted.
 #[test]
-fn released_addresses_cool_down_before_reuse() {
+fn cooling_addresses_are_handed_out_last_never_refused() {
     let config = EngineConfig {
         cooldown: 30,
         ..quick()
     };
     let (e, now) = clocked(config, 1000);
     e.load(
-        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.11"], None)],
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.13"], None)],
         vec![],
         vec![],
     )
     .unwrap();
-    e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
-    e.add(&add_req("c2", "eth0", &["a"], &[])).unwrap();
+    for c in ["c1", "c2", "c3"] {
+        e.add(&add_req(c, "eth0", &["a"], &[])).unwrap();
+    }
     e.del(&att("c1", "eth0")).unwrap();
-    assert_eq!(e.usage()[0].cooling, 1);
-    assert!(
-        e.add(&add_req("c3", "eth0", &["a"], &[])).is_err(),
-        "the released address is cooling down"
+    now.store(1005, Ordering::SeqCst);
+    e.del(&att("c2", "eth0")).unwrap();
+    let usage = &e.usage()[0];
+    assert_eq!(
+        (usage.free, usage.cooling),
+        (3, 2),
+        "cooling addresses count as free for capacity"
     );
-    now.store(1031, Ordering::SeqCst);
-    let out = e.add(&add_req("c3", "eth0", &["a"], &[])).unwrap();
+    let out = e.add(&add_req("c4", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(addresses(&out), [ip("10.0.0.13")], "a cooled address first");
+    let out = e.add(&add_req("c5", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(
+        addresses(&out),
+        [ip("10.0.0.10")],
+        "then the one released longest ago"
+    );
+    let out = e.add(&add_req("c6", "eth0", &["a"], &[])).unwrap();
+    assert_eq!(addresses(&out), [ip("10.0.0.11")]);
+    assert_eq!(e.usage()[0].cooldown_cut_short, 2);
+    assert!(
+        matches!(
+            e.add(&add_req("c7", "eth0", &["a"], &[])),
+            Err(AllocError::NoPoolFits { .. })
+        ),
+        "a full pool is full"
+    );
+}
+
+/// A pool of one address serves the DEL-then-ADD of a rolling update at once, not after the
+/// cooldown.
+#[test]
+fn a_pool_of_one_address_serves_the_next_pod_at_once() {
+    let config = EngineConfig {
+        cooldown: 30,
+        ..quick()
+    };
+    let (e, _now) = clocked(config, 1000);
+    e.load(
+        vec![pool("one", "10.0.0.0/24", &["10.0.0.10"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    e.add(&add_req("old", "eth0", &["one"], &[])).unwrap();
+    e.del(&att("old", "eth0")).unwrap();
+    let out = e.add(&add_req("new", "eth0", &["one"], &[])).unwrap();
+    assert_eq!(addresses(&out), [ip("10.0.0.10")]);
+    assert_eq!(e.usage()[0].cooldown_cut_short, 1);
+}
+
+/// Across the pools of one order, an address that is not cooling comes first, wherever it is.
+#[test]
+fn a_cooled_address_of_a_later_pool_beats_a_cooling_one_of_an_earlier_pool() {
+    let config = EngineConfig {
+        cooldown: 30,
+        ..quick()
+    };
+    let (e, _now) = clocked(config, 1000);
+    e.load(
+        vec![
+            pool("first", "10.0.0.0/24", &["10.0.0.10"], None),
+            pool("second", "10.0.1.0/24", &["10.0.1.10"], None),
+        ],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    e.add(&add_req("old", "eth0", &["first"], &[])).unwrap();
+    e.del(&att("old", "eth0")).unwrap();
+    let out = e
+        .add(&add_req("new", "eth0", &["first", "second"], &[]))
+        .unwrap();
+    assert_eq!(addresses(&out), [ip("10.0.1.10")]);
+    assert_eq!(e.usage()[0].cooldown_cut_short, 0);
+}
+
+/// Two engines sharing a store (two nodes): a release by one is, for the other, a cooling
+/// address it can still hand out, not an exhausted pool.
+#[test]
+fn another_engines_release_cools_but_does_not_exhaust() {
+    let (clock, now) = manual_clock(1000);
+    let store = Arc::new(MemoryStore::with_clock(clock));
+    let config = EngineConfig {
+        cooldown: 30,
+        ..quick()
+    };
+    let pools = || vec![pool("one", "10.0.0.0/24", &["10.0.0.10"], None)];
+    let a = clocked_on(store.clone(), &now, config);
+    let b = clocked_on(store.clone(), &now, config);
+    a.load(pools(), vec![], vec![]).unwrap();
+    b.load(pools(), vec![], vec![]).unwrap();
+    a.add(&add_req("old", "eth0", &["one"], &[])).unwrap();
+    a.del(&att("old", "eth0")).unwrap();
+    let out = b.add(&add_req("new", "eth0", &["one"], &[])).unwrap();
     assert_eq!(addresses(&out), [ip("10.0.0.10")]);
 }
 
@@ -497,11 +587,15 @@ fn kept_statefulset_addresses_expire_and_scaled_down_ordinals_are_released() {
     assert!(e.store().all().unwrap().is_empty(), "released, not kept");
 }
 
-/// A DEL replayed from the plugin's journal after the attachment was added again leaves the
-/// new claims alone.
+/// A DEL replayed from a journal is ordered with the attachment's ADDs by the attachment's
+/// lock, not by comparing times: while its replayer holds the lock, an ADD of the attachment
+/// waits, so the DEL releases the claims of the ADD before it, and the ADD after it gets fresh
+/// ones. (Times cannot order them: a repeated ADD writes nothing, a re-ADD may fall in the
+/// DEL's second, and clocks step.)
 #[test]
-fn a_late_del_does_not_release_a_later_add() {
+fn a_journaled_del_holding_the_lock_comes_before_a_later_add() {
     let (e, now) = clocked(quick(), 1000);
+    let e = Arc::new(e);
     e.load(
         vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.15"], None)],
         vec![],
@@ -509,19 +603,28 @@ fn a_late_del_does_not_release_a_later_add() {
     )
     .unwrap();
     e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap();
-    let stale = DelRequest {
-        issued_at: Some(900),
+    // Issued in the same second as the claim, and with a clock stepped back since.
+    now.store(990, Ordering::SeqCst);
+    let journaled = DelRequest {
+        issued_at: Some(1000),
         ..DelRequest::new(att("c1", "eth0"))
     };
-    assert!(e.del_request(&stale).unwrap().is_empty());
-    assert_eq!(e.store().all().unwrap().len(), 1);
-    now.store(1100, Ordering::SeqCst);
-    let current = DelRequest {
-        issued_at: Some(1050),
-        ..DelRequest::new(att("c1", "eth0"))
+    let lock = e.serialize(&att("c1", "eth0"));
+    let readd = {
+        let e = e.clone();
+        std::thread::spawn(move || e.add(&add_req("c1", "eth0", &["a"], &[])).unwrap())
     };
-    assert_eq!(e.del_request(&current).unwrap().len(), 1);
-    assert!(e.store().all().unwrap().is_empty());
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!readd.is_finished(), "the ADD waits for the DEL");
+    assert_eq!(e.del_serialized(&lock, &journaled).unwrap().len(), 1);
+    drop(lock);
+    let after = readd.join().unwrap();
+    assert!(!after.repeated, "the ADD after the DEL claims afresh");
+    assert_eq!(
+        e.store().all().unwrap().len(),
+        1,
+        "the re-ADD holds its address"
+    );
 }
 
 /// A policy that orders every pool, whatever its state: the host must not trust it.
@@ -658,8 +761,8 @@ fn a_quarantined_address_is_replaced_kept_from_gc_and_expires() {
     let usage = &e.usage()[0];
     assert_eq!(
         (usage.free, usage.cooling),
-        (2, 1),
-        "10.0.0.10 cools down, the others are free"
+        (3, 1),
+        "10.0.0.10 cools down, the others are free (and it counts as free for capacity)"
     );
 }
 

@@ -61,6 +61,11 @@ pub struct BlockClaim {
     pub owner_kind: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_name: Option<String>,
+    /// The node whose agent made the claim, or last took it back for its pod: the CNI GC verb
+    /// of a node judges its own node's claims only. Absent from claims made before allot
+    /// recorded it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
     /// Unix seconds of the claim (or of its last attach or detach).
     pub updated_at: u64,
 }

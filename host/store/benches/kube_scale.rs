@@ -61,6 +61,7 @@ fn engine<S: Store + 'static>(store: S, node: usize, spread: bool) -> Engine<S, 
         cooldown: 0,
         gc_grace: 0,
         spread: spread.then(|| seed_of(&format!("node-{node}"))),
+        single_node: !spread,
         ..EngineConfig::default()
     };
     Engine::with_config(store, CniDefaultsPolicy, config, system_clock())

@@ -38,6 +38,7 @@ fn fill(store: &SqliteStore) {
                 uid: format!("u{i}"),
                 ..Default::default()
             },
+            node: String::new(),
             updated_at: 1,
         })
         .collect();
@@ -148,6 +149,7 @@ fn main() {
                 interface: "eth0".into(),
             }),
             pod: PodRef::default(),
+            node: String::new(),
             updated_at: 1,
         })
         .collect();

@@ -32,7 +32,7 @@ use std::net::IpAddr;
 use std::sync::Barrier;
 use std::thread;
 
-use allot_core::store::{Attachment, Claim, PodRef, Store, StoreError};
+use allot_core::store::{Attachment, Claim, PodRef, Reattach, Store, StoreError};
 
 mod concurrency;
 mod feed;
@@ -61,6 +61,9 @@ pub fn settled<T>(mut f: impl FnMut() -> Result<T, T>) -> T {
 }
 
 const T0: u64 = 1_700_000_000;
+/// The node the contract's claims are made on, and the one a StatefulSet pod comes back on.
+const NODE: &str = "node-a";
+const OTHER_NODE: &str = "node-b";
 
 /// Expands to one `#[test]` per contract check. See the [module documentation](crate::contract).
 #[macro_export]
@@ -181,8 +184,26 @@ pub fn claim(
         network: "net-a".to_string(),
         attachment: attachment.cloned(),
         pod: pod.clone(),
+        node: NODE.into(),
         updated_at,
     }
+}
+
+/// Gives the detached claim of `address` back to `pod` on `attachment` of [`OTHER_NODE`].
+fn reattach(
+    store: &dyn Store,
+    address: IpAddr,
+    pod: &PodRef,
+    attachment: &Attachment,
+    now: u64,
+) -> Result<Claim, StoreError> {
+    store.reattach(Reattach {
+        address,
+        pod: pod.clone(),
+        attachment: attachment.clone(),
+        node: OTHER_NODE.into(),
+        now,
+    })
 }
 
 fn sorted(mut claims: Vec<Claim>) -> Vec<Claim> {
@@ -219,6 +240,7 @@ fn claim_at(address: IpAddr, attachment: &Attachment) -> Claim {
             &format!("pod-{}", attachment.container_id),
             &format!("uid-{}", attachment.container_id),
         ),
+        node: NODE.into(),
         updated_at: T0,
     }
 }
@@ -485,6 +507,7 @@ pub fn detach_keeps_addresses_for_the_pod(store: &dyn Store) {
         .iter()
         .map(|c| Claim {
             attachment: None,
+            node: NODE.into(),
             updated_at: T0 + 10,
             ..c.clone()
         })
@@ -538,7 +561,8 @@ pub fn detach_of_nothing_is_empty(store: &dyn Store) {
 }
 
 /// The same pod (namespace and name) gets its detached address back on a new attachment; the
-/// claim then carries the new attachment, the new pod's UID and owner, and the reattach time.
+/// claim then carries the new attachment, the new pod's UID and owner, the node it came back on,
+/// and the reattach time.
 pub fn reattach_same_pod_succeeds(store: &dyn Store) {
     let old = attachment("c1", "eth0");
     let before = stateful_pod("db", "pg-0", "uid-1");
@@ -550,11 +574,14 @@ pub fn reattach_same_pod_succeeds(store: &dyn Store) {
 
     let new = attachment("c2", "eth0");
     let after = stateful_pod("db", "pg-0", "uid-2");
-    let expected = claim("10.0.0.1", "p", Some(&new), &after, T0 + 20);
+    let expected = Claim {
+        node: OTHER_NODE.into(),
+        ..claim("10.0.0.1", "p", Some(&new), &after, T0 + 20)
+    };
     assert_eq!(
         must(
             "reattach",
-            store.reattach(ip("10.0.0.1"), &after, &new, T0 + 20)
+            reattach(store, ip("10.0.0.1"), &after, &new, T0 + 20)
         ),
         expected
     );
@@ -583,7 +610,7 @@ pub fn reattach_other_pod_is_stale(store: &dyn Store) {
         stateful_pod("other", "pg-0", "uid-3"),
     ] {
         assert_eq!(
-            store.reattach(ip("10.0.0.1"), &other, &new, T0 + 20),
+            reattach(store, ip("10.0.0.1"), &other, &new, T0 + 20),
             Err(StoreError::Stale(ip("10.0.0.1"))),
             "{}/{} is another pod",
             other.namespace,
@@ -610,11 +637,11 @@ pub fn reattach_twice_is_stale(store: &dyn Store) {
     let first = attachment("c2", "eth0");
     let won = must(
         "reattach",
-        store.reattach(ip("10.0.0.1"), &p, &first, T0 + 20),
+        reattach(store, ip("10.0.0.1"), &p, &first, T0 + 20),
     );
     for again in [attachment("c3", "eth0"), first.clone()] {
         assert_eq!(
-            store.reattach(ip("10.0.0.1"), &p, &again, T0 + 30),
+            reattach(store, ip("10.0.0.1"), &p, &again, T0 + 30),
             Err(StoreError::Stale(ip("10.0.0.1"))),
             "second reattach by {again}"
         );
@@ -630,12 +657,12 @@ pub fn reattach_of_attached_or_missing_is_stale(store: &dyn Store) {
     must("claim", store.claim(std::slice::from_ref(&held)));
     let new = attachment("c2", "eth0");
     assert_eq!(
-        store.reattach(ip("10.0.0.1"), &p, &new, T0 + 1),
+        reattach(store, ip("10.0.0.1"), &p, &new, T0 + 1),
         Err(StoreError::Stale(ip("10.0.0.1"))),
         "attached"
     );
     assert_eq!(
-        store.reattach(ip("10.0.0.2"), &p, &new, T0 + 1),
+        reattach(store, ip("10.0.0.2"), &p, &new, T0 + 1),
         Err(StoreError::Stale(ip("10.0.0.2"))),
         "missing"
     );
@@ -685,6 +712,7 @@ pub fn quarantine_moves_one_claim_to_the_conflict(store: &dyn Store) {
     let expected = Claim {
         attachment: None,
         pod: holder.clone(),
+        node: NODE.into(),
         updated_at: T0 + 10,
         ..v4.clone()
     };
@@ -914,6 +942,7 @@ pub fn fields_round_trip(store: &dyn Store) {
                 owner_kind: Some("ReplicaSet".to_string()),
                 owner_name: Some(String::new()),
             },
+            node: NODE.into(),
             updated_at: 0,
         },
         Claim {
@@ -922,6 +951,7 @@ pub fn fields_round_trip(store: &dyn Store) {
             network: "net-a".to_string(),
             attachment: Some(odd.clone()),
             pod: PodRef::default(),
+            node: NODE.into(),
             updated_at: 4_102_444_800, // 2100-01-01
         },
     ];

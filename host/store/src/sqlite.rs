@@ -27,7 +27,8 @@
 //!     pod_namespace TEXT NOT NULL, pod_name TEXT NOT NULL, pod_uid TEXT NOT NULL,
 //!     owner_kind    TEXT, owner_name TEXT,
 //!     updated_at    INTEGER NOT NULL,   -- unix seconds
-//!     network       TEXT NOT NULL       -- the CNI network (config name); GC runs per network
+//!     network       TEXT NOT NULL,      -- the CNI network (config name); GC runs per network
+//!     node          TEXT NOT NULL       -- the node that made the claim ('' before it was kept)
 //! ) WITHOUT ROWID;
 //! ```
 //!
@@ -199,7 +200,7 @@ impl SqliteStore {
         }
         let mut insert = tx
             .prepare_cached(&format!(
-                "INSERT INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+                "INSERT INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
                  ON CONFLICT (address) DO NOTHING"
             ))
             .map_err(|e| self.fail(what, e))?;
@@ -222,6 +223,7 @@ impl SqliteStore {
                     c.pod.owner_name,
                     seconds(c.address, c.updated_at)?,
                     c.network,
+                    c.node,
                 ])
                 .map_err(|e| self.fail(what, e))?;
             if inserted == 0 {
@@ -304,7 +306,7 @@ impl Store for SqliteStore {
                     what,
                     &format!(
                         "UPDATE claims SET container_id = ?2, interface = ?3, pod_uid = ?6, owner_kind = ?7, \
-                         owner_name = ?8, updated_at = ?9 \
+                         owner_name = ?8, updated_at = ?9, node = ?10 \
                          WHERE address = ?1 AND container_id IS NULL AND interface IS NULL \
                          AND pod_namespace = ?4 AND pod_name = ?5 RETURNING {COLUMNS}"
                     ),
@@ -318,6 +320,7 @@ impl Store for SqliteStore {
                         r.pod.owner_kind,
                         r.pod.owner_name,
                         seconds(r.address, r.now)?,
+                        r.node,
                     ],
                 )?;
                 match claims.pop() {
@@ -633,7 +636,7 @@ mod tests {
     #[test]
     fn schema_version_counts_migrations() {
         assert_eq!(SCHEMA_VERSION as usize, MIGRATIONS.len());
-        assert_eq!(SCHEMA_VERSION, 3);
+        assert_eq!(SCHEMA_VERSION, 4);
     }
 
     #[test]
@@ -656,6 +659,7 @@ mod tests {
             claims[0].network, "",
             "claims from before networks were recorded"
         );
+        assert_eq!(claims[0].node, "", "claims from before nodes were recorded");
         assert_eq!(claims[0].pool, "p");
     }
 }

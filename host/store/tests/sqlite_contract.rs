@@ -420,6 +420,7 @@ fn schema_version_and_layout_are_recorded() {
             ("owner_name", "TEXT", false),
             ("updated_at", "INTEGER", true),
             ("network", "TEXT", true),
+            ("node", "TEXT", true),
         ]
     );
     let indexes: Vec<String> = raw
@@ -645,7 +646,7 @@ fn bad_rows_are_errors_naming_the_row() {
     ];
     for (address, family, pool, updated_at, why) in cases {
         raw.execute(
-            "INSERT INTO claims VALUES (?1, ?2, ?3, 'bad', 'eth0', 'ns', 'p', 'u', NULL, NULL, ?4, 'net')",
+            "INSERT INTO claims VALUES (?1, ?2, ?3, 'bad', 'eth0', 'ns', 'p', 'u', NULL, NULL, ?4, 'net', 'node-a')",
             rusqlite::params![address, family, pool, updated_at],
         )
         .unwrap();

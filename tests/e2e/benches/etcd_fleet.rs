@@ -125,6 +125,7 @@ fn follow_latency(url: &str, claims: u32) -> Vec<Duration> {
             network: "net".into(),
             attachment: Some(me.clone()),
             pod: PodRef::default(),
+            node: String::new(),
             updated_at: 1,
         };
         writer.claim(std::slice::from_ref(&claim)).unwrap();

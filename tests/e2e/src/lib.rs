@@ -444,11 +444,23 @@ impl Agent {
     /// A second agent on the same pools directory, the same state file and the same flags as
     /// `other` (its own socket and journal): two agents sharing one store.
     pub fn start_sharing(other: &Agent) -> Agent {
+        // Same flags too: `--store etcd://…` shares the etcd store.
+        Self::start_sharing_with(other, &[])
+    }
+
+    /// [`Agent::start_sharing`] with `flags` replacing those of `other` (e.g. another
+    /// `--node-name`: a second node on the same store).
+    pub fn start_sharing_with(other: &Agent, flags: &[(&str, &str)]) -> Agent {
         let mut agent = Self::unstarted(&[]);
         agent.pools_dir = other.pools_dir();
         agent.state = Some(other.state());
-        // Same flags too: `--store etcd://…` shares the etcd store.
-        agent.overrides = other.overrides.clone();
+        agent.overrides = other
+            .overrides
+            .iter()
+            .filter(|(k, _)| !flags.iter().any(|(f, _)| f == k))
+            .cloned()
+            .chain(flags.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect();
         agent.spawn();
         agent.wait_ready();
         agent

@@ -118,6 +118,69 @@ fn while_etcd_is_down_add_fails_with_try_again_and_del_is_remembered() {
     assert_eq!(claim_keys(&etcd).len(), 1);
 }
 
+/// A runtime that reuses container IDs (`podman restart`) sends DEL then ADD for the same
+/// attachment. When the DEL could not be served (the store was away) it waits in the journal;
+/// the ADD that follows must settle it first, so that the journaled DEL never releases the
+/// address the container got back and uses. Before, the re-ADD returned the held claim
+/// untouched and a later replay (here: the agent's restart) released it from under the
+/// container.
+#[test]
+fn a_journaled_del_never_releases_the_address_a_readd_of_its_container_uses() {
+    let mut etcd = EtcdServer::start();
+    let url = etcd.url();
+    let pool = ippool(
+        "p",
+        "10.66.0.0/24",
+        Some("10.66.0.1"),
+        &["10.66.0.10-10.66.0.19"],
+    );
+    let Some(mut lab) = Lab::with_flags(
+        "a_journaled_del_never_releases_the_address_a_readd_of_its_container_uses",
+        &pool,
+        // No tick during the test: only the restart replays.
+        &[
+            ("--store", url.as_str()),
+            ("--reload-interval-ms", "600000"),
+        ],
+    ) else {
+        return;
+    };
+    let conf = lab.bridge_conf(&["p"], &[]);
+    let pod = Attachment::new("restarted");
+    lab.cni("allot", "ADD", &pod, &conf).expect_ok();
+
+    etcd.stop();
+    lab.cni("allot", "DEL", &pod, &conf).expect_ok();
+    let entries = || {
+        std::fs::read_dir(lab.agent.journal())
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    assert_eq!(entries(), 1, "the DEL is remembered");
+    etcd.start_again();
+
+    // The container comes back under the same ID at once.
+    let mut again = None;
+    eventually(&lab, "the re-ADD is served", || {
+        let out = lab.cni("allot", "ADD", &pod, &conf);
+        let ok = out.success();
+        again = Some(out);
+        ok
+    });
+    let address = ip_only(&again.unwrap().ip());
+    assert_eq!(claim_keys(&etcd), std::slice::from_ref(&address));
+    assert_eq!(entries(), 0, "the ADD settled the remembered DEL first");
+
+    // Whatever replays now finds nothing of this attachment to release.
+    lab.agent.restart();
+    lab.cni("allot", "CHECK", &pod, &conf).expect_ok();
+    assert_eq!(
+        claim_keys(&etcd),
+        [address],
+        "the container still holds the address it uses"
+    );
+}
+
 fn allotctl(url: &str, args: &[&str]) -> std::process::Output {
     Command::new(bin("allotctl"))
         .args(["--store", url])

@@ -49,6 +49,7 @@ fn sixteen_clients_racing_for_100000_addresses_claim_each_exactly_once() {
                             network: "net".into(),
                             attachment: Some(me.clone()),
                             pod: pod.clone(),
+                            node: String::new(),
                             updated_at: 1,
                         };
                         let mut tries = 0;

@@ -212,3 +212,54 @@ fn gc_of_one_network_leaves_other_networks_alone() {
     assert_eq!(lab.agent.pool_counts("b"), (10, 9));
     assert_eq!(lab.agent.pool_counts("three"), (3, 2));
 }
+
+/// Two nodes' agents share one etcd. A runtime lists only its own node's attachments, so node
+/// A's GC must never release node B's claims: before claims recorded their node, A's second GC
+/// released B's live pod's address, and A could hand it out again.
+#[test]
+fn gc_on_one_node_never_releases_another_nodes_claims() {
+    let etcd = allot_store::etcd::testing::EtcdServer::start();
+    let url = etcd.url();
+    let Some(lab) = Lab::with_flags(
+        "gc_on_one_node_never_releases_another_nodes_claims",
+        &pools(),
+        &[("--store", url.as_str()), ("--node-name", "node-a")],
+    ) else {
+        return;
+    };
+    let node_b = Agent::start_sharing_with(&lab.agent, &[("--node-name", "node-b")]);
+    let conf_a = lab.bridge_conf(&["three"], &[]);
+    let conf_b = lab.bridge_conf_via(&node_b.socket(), &["three"], &[]);
+    let on_a = Attachment::new("on-a");
+    let gone_from_a = Attachment::new("gone-from-a");
+    let on_b = Attachment::new("on-b");
+    lab.bridge_add(&on_a, &conf_a);
+    lab.bridge_add(&gone_from_a, &conf_a);
+    let b_result = lab.bridge_add(&on_b, &conf_b).json.unwrap();
+
+    // Node A's runtime: on-a runs, gone-from-a is gone without a DEL; it knows nothing of B.
+    gc(
+        &lab,
+        &gc_conf(
+            &lab,
+            &lab.network,
+            &lab.bridge,
+            "three",
+            "cni.dev/valid-attachments",
+            &[&on_a],
+        ),
+    );
+    check(&lab, &gone_from_a, &conf_a, &b_result).expect_failure();
+    check(&lab, &on_b, &conf_b, &b_result).expect_ok();
+    lab.eventually(
+        "both nodes see two addresses held",
+        std::time::Duration::from_secs(10),
+        || lab.agent.pool_counts("three") == (3, 1) && node_b.pool_counts("three") == (3, 1),
+    );
+    // The address A released is the only one A can hand out: never B's.
+    let next = lab.bridge_add(&Attachment::new("next"), &conf_a);
+    assert_ne!(
+        Some(next.ip().as_str()),
+        b_result["ips"][0]["address"].as_str()
+    );
+}

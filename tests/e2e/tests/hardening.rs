@@ -229,9 +229,9 @@ fn a_del_while_the_agent_is_down_is_replayed_when_it_is_back() {
 }
 
 #[test]
-fn released_addresses_cool_down_before_reuse() {
+fn a_full_pool_hands_out_its_cooling_address_rather_than_refuse_the_pod() {
     let Some(lab) = Lab::with_flags(
-        "released_addresses_cool_down_before_reuse",
+        "a_full_pool_hands_out_its_cooling_address_rather_than_refuse_the_pod",
         &ippool(
             "two",
             "10.65.0.0/24",
@@ -244,14 +244,26 @@ fn released_addresses_cool_down_before_reuse() {
     };
     let conf = lab.bridge_conf(&["two"], &[]);
     let a = Attachment::new("a");
-    lab.bridge_add(&a, &conf);
+    let first = lab.bridge_add(&a, &conf).ip();
     lab.bridge_add(&Attachment::new("b"), &conf);
     lab.cni("bridge", "DEL", &a, &conf).expect_ok();
     let status = lab.agent.status();
     let two = status.pools.iter().find(|p| p.name == "two").unwrap();
-    assert_eq!((two.free, two.cooling), (0, 1), "{status:?}");
-    lab.cni("allot", "ADD", &Attachment::new("c"), &conf)
-        .expect_err(&[100]);
+    assert_eq!(
+        (two.free, two.cooling),
+        (1, 1),
+        "cooling, and free for capacity: {status:?}"
+    );
+    // Nothing else is free: the cooling address is handed out rather than the pod refused
+    // (a rolling update of a full pool), and counted.
+    let c = lab.bridge_add(&Attachment::new("c"), &conf);
+    assert_eq!(c.ip(), first);
+    let (code, metrics) = lab.agent.get("/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("allot_cooldown_cut_short_total{pool=\"two\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[test]

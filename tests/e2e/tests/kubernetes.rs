@@ -412,6 +412,58 @@ fn a_statefulset_pod_recreated_on_another_node_keeps_its_address() {
     );
 }
 
+/// Two nodes' agents in cluster mode share the cluster's IPBlocks. Node A's runtime lists only
+/// node A's attachments: its GC releases node A's leak and never node B's pod's address.
+#[test]
+fn gc_on_one_node_never_releases_another_nodes_claims_in_cluster_mode() {
+    const NODE_B: &str = "node-e2e-b";
+    let cluster = Cluster::new(&two_pools());
+    cluster.server.insert(
+        "nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_B}}),
+    );
+    let Some(lab) = lab(
+        "gc_on_one_node_never_releases_another_nodes_claims_in_cluster_mode",
+        &cluster,
+        &[],
+    ) else {
+        return;
+    };
+    let node_b = Agent::start_on_cluster(&cluster.kubeconfig, NODE_B, &[]);
+    let (mut on_a, mut gone) = (Attachment::new("on-a"), Attachment::new("gone"));
+    let mut on_b = Attachment::new("on-b");
+    cluster.add_pod(&mut on_a, json!({}), None);
+    cluster.add_pod(&mut gone, json!({}), None);
+    cluster.add_pod_on(NODE_B, &mut on_b, json!({}), None);
+    let conf_a = lab.bridge_conf(&["plain"], &[]);
+    let conf_b = lab.bridge_conf_via(&node_b.socket(), &["plain"], &[]);
+    lab.bridge_add(&on_a, &conf_a);
+    lab.bridge_add(&gone, &conf_a);
+    let b_ip = addr_of(&lab.bridge_add(&on_b, &conf_b).ip()).to_string();
+
+    let mut gc = conf_a.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    gc["cni.dev/valid-attachments"] = json!([on_a.gc_entry()]);
+    for _ in 0..2 {
+        lab.call("allot", "GC", &gc.to_string())
+            .run(Some(&lab.host))
+            .expect_ok();
+    }
+    let held: Vec<String> = cluster
+        .server
+        .objects("ipblocks")
+        .into_iter()
+        .flat_map(|b| {
+            b["spec"]["claims"]
+                .as_object()
+                .map(|c| c.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(held.len(), 2, "on-a and on-b keep theirs: {held:?}");
+    assert!(held.contains(&b_ip), "node B's pod keeps {b_ip}: {held:?}");
+}
+
 /// `sha256:` and the hex digest of a file, as a Policy spells it.
 fn sha256_of(path: &std::path::Path) -> String {
     let out = std::process::Command::new("sha256sum")

@@ -109,6 +109,7 @@ pub fn claim(address: &str, ns: &str, name: &str, uid: &str, updated_at: u64) ->
             owner_kind: None,
             owner_name: None,
         },
+        node: "node-a".into(),
         updated_at,
     }
 }

@@ -53,6 +53,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
             network: network.to_string(),
             attachment: None,
             pod: PodRef::conflict(mac),
+            node: self.node.clone(),
             updated_at: self.now(),
         };
         let result = self.store.claim(std::slice::from_ref(&claim));

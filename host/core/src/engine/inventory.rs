@@ -153,7 +153,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
             .map(|r| r.pool.name().to_string())
             .collect();
         for (i, p) in state.pools.iter().enumerate() {
-            if p.assignable.len() > p.index.free_count() + state.cooling_in(i) {
+            if p.assignable.len() > state.free_in(i) {
                 names.insert(p.pool.name().to_string());
             }
         }
@@ -161,6 +161,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
     }
 
     pub fn usage(&self) -> Vec<PoolUsage> {
+        let cut_short = lock(&self.cut_short).clone();
         let state = self.state();
         let mut usage: Vec<PoolUsage> = state
             .pools
@@ -170,8 +171,9 @@ impl<S: Store, P: Policy> Engine<S, P> {
                 name: p.pool.meta.name.clone(),
                 family: p.pool.family,
                 total: p.assignable.len(),
-                free: p.index.free_count(),
+                free: state.free_in(i),
                 cooling: state.cooling_in(i),
+                cooldown_cut_short: cut_short.get(p.pool.name()).copied().unwrap_or(0),
                 claims: 0,
                 state: if p.pool.terminating() {
                     PoolState::Terminating
@@ -188,6 +190,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
             total: 0,
             free: 0,
             cooling: 0,
+            cooldown_cut_short: 0,
             claims: r.claims.len() as u64,
             state: PoolState::Terminating,
         }));

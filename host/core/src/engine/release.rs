@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{AddOutcome, AllocError, DelRequest, Engine, GcReport, lock};
+use super::{AddOutcome, AllocError, DelRequest, Engine, GcReport, Serialized, lock};
 use crate::gc;
 use crate::policy::Policy;
 use crate::store::{Attachment, Claim, Store};
@@ -20,15 +20,28 @@ impl<S: Store, P: Policy> Engine<S, P> {
 
     /// [`Engine::del`] with what else the caller knows (replica count, when it was issued).
     pub fn del_request(&self, req: &DelRequest) -> Result<Vec<Claim>, AllocError> {
-        let _serial = self.lock_attachment(&req.attachment);
+        let held = self.serialize(&req.attachment);
+        self.del_serialized(&held, req)
+    }
+
+    /// [`Engine::del_request`] under a lock the caller holds already.
+    ///
+    /// A DEL replayed late (from a journal, `issued_at` set) releases what the attachment holds
+    /// now: its caller settles the journal entry under the attachment's lock before any later
+    /// ADD of the attachment is served, so nothing the attachment holds can be a later ADD's.
+    /// (Comparing claim times with `issued_at` cannot tell: a repeated ADD writes nothing, a
+    /// re-ADD can fall in the same second, and clocks step.)
+    ///
+    /// # Panics
+    /// When `lock` is another attachment's lock (a bug of the caller's).
+    pub fn del_serialized(
+        &self,
+        lock: &Serialized<'_>,
+        req: &DelRequest,
+    ) -> Result<Vec<Claim>, AllocError> {
+        lock.check(&req.attachment);
         let held = self.store.claims_of(&req.attachment)?;
         if held.is_empty() {
-            return Ok(Vec::new());
-        }
-        if let Some(issued) = req.issued_at
-            && held.iter().any(|c| c.updated_at > issued)
-        {
-            // A later ADD of the same attachment owns these claims now.
             return Ok(Vec::new());
         }
         let stateful = held.iter().any(|c| c.pod.is_stateful());
@@ -70,16 +83,28 @@ impl<S: Store, P: Policy> Engine<S, P> {
         Ok(self.outcome(&held, None, true, Vec::new()))
     }
 
-    /// One GC look at `network`: every attached claim of it whose attachment is not in `valid`
-    /// is a suspect; suspects seen at an earlier look at least the grace period ago, and
-    /// unchanged since, are released (re-checked in the store, in batches). Claims of other
-    /// networks and kept StatefulSet addresses (see [`Engine::expire_kept`]) are left alone.
+    /// One GC look at `network` on this engine's node (the CNI GC verb: `valid` is every
+    /// attachment of the network the node's runtime still uses): every attached claim of the
+    /// network made on this node whose attachment is not in `valid` is a suspect; suspects seen
+    /// at an earlier look at least the grace period ago, and unchanged since, are released
+    /// (re-checked in the store, in batches). Other nodes' claims (a runtime lists its own
+    /// node's attachments only), claims of other networks and kept StatefulSet addresses (see
+    /// [`Engine::expire_kept`]) are left alone.
     pub fn gc(&self, network: &str, valid: &BTreeSet<Attachment>) -> Result<GcReport, AllocError> {
         let now = self.now();
-        let leaked = self.store.all()?.into_iter().filter(|c| {
-            c.network == network && c.attachment.as_ref().is_some_and(|a| !valid.contains(a))
-        });
-        let due = lock(&self.suspects).observe(network, leaked, now, self.config.gc_grace);
+        let ours =
+            |c: &Claim| c.node == self.node || (c.node.is_empty() && self.config.single_node);
+        let in_scope = |c: &Claim| c.network == network && ours(c);
+        let leaked =
+            self.store.all()?.into_iter().filter(|c| {
+                in_scope(c) && c.attachment.as_ref().is_some_and(|a| !valid.contains(a))
+            });
+        let due = lock(&self.suspects).look(
+            in_scope,
+            leaked.map(|c| (c, gc::NotBefore::AfterFirstSighting(0))),
+            now,
+            self.config.gc_grace,
+        );
         let released = self.release_batches(&due)?;
         Ok(GcReport {
             released,

@@ -19,7 +19,11 @@ use super::LoadError;
 pub(super) struct PoolEntry {
     pub pool: Pool,
     pub assignable: AddrSet,
+    /// Free addresses that are not cooling down: handed out first.
     pub index: FreeIndex,
+    /// Free addresses released less than the cooldown ago, by the end of their cooldown (so
+    /// the one released longest ago first): handed out only when `index` has none left.
+    pub cooling: BTreeSet<(u64, IpAddr)>,
 }
 
 /// A pool version no longer in force (the pool was deleted, or edited so that it no longer holds
@@ -42,10 +46,14 @@ pub(super) struct State {
     pub loaded: bool,
     /// The store revision the indexes reflect.
     pub revision: u64,
-    /// Released addresses kept out of the indexes until the given unix second.
-    pub cooling: HashMap<IpAddr, u64>,
+    /// Released addresses kept out of the indexes until the given unix second (each is also in
+    /// its pool's `cooling`).
+    cooling: HashMap<IpAddr, u64>,
     /// Addresses taken from an index whose claim is not committed yet.
     pub in_flight: HashSet<IpAddr>,
+    /// Of those, the ones taken while cooling down, with the end of their cooldown: one whose
+    /// claim is not made cools on.
+    taken_cooling: HashMap<IpAddr, u64>,
     cooldown: u64,
 }
 
@@ -75,6 +83,7 @@ impl State {
             revision: 0,
             cooling: HashMap::new(),
             in_flight: HashSet::new(),
+            taken_cooling: HashMap::new(),
             cooldown,
         }
     }
@@ -155,6 +164,7 @@ impl State {
                 index,
                 assignable,
                 pool,
+                cooling: BTreeSet::new(),
             });
         }
         ranges.sort_unstable_by_key(|&(lo, _, f, _)| (f, lo));
@@ -172,6 +182,7 @@ impl State {
             revision: carried.snapshot.revision,
             cooling: HashMap::new(),
             in_flight: HashSet::new(),
+            taken_cooling: HashMap::new(),
             cooldown: carried.cooldown,
         };
 
@@ -207,7 +218,7 @@ impl State {
                 && let Some(i) = state.locate(address)
                 && state.pools[i].index.remove(address)
             {
-                state.cooling.insert(address, until);
+                state.cool(i, address, until);
             }
         }
         Ok(state)
@@ -241,14 +252,47 @@ impl State {
         (f == family && lo <= n && n <= hi).then_some(pool)
     }
 
-    /// Takes the next free address of pool `i` and marks it in flight.
+    /// Takes the next free address of pool `i` that is not cooling down, and marks it in
+    /// flight.
     pub fn take(&mut self, i: usize) -> Option<IpAddr> {
         let addr = self.pools[i].index.take_next()?;
         self.in_flight.insert(addr);
         Some(addr)
     }
 
-    /// Takes `addr` itself out of its pool's index and marks it in flight, if it is free.
+    /// Takes the address of pool `i` released longest ago among those still cooling down, and
+    /// marks it in flight: for when the pool has no other free address left. A cooldown
+    /// protects neighbours' stale ARP caches; refusing the pod instead would leave a pool of one
+    /// address unusable for the cooldown after every DEL.
+    pub fn take_cooling(&mut self, i: usize) -> Option<IpAddr> {
+        let (until, addr) = self.pools[i].cooling.pop_first()?;
+        self.cooling.remove(&addr);
+        self.in_flight.insert(addr);
+        self.taken_cooling.insert(addr, until);
+        Some(addr)
+    }
+
+    /// Puts free `addr` of pool `i` among the cooling ones, until `until`.
+    fn cool(&mut self, i: usize, addr: IpAddr, until: u64) {
+        if let Some(old) = self.cooling.insert(addr, until) {
+            self.pools[i].cooling.remove(&(old, addr));
+        }
+        self.pools[i].cooling.insert((until, addr));
+    }
+
+    /// Takes `addr` out of the cooling ones, if it is one; returns whether it was.
+    fn uncool(&mut self, addr: IpAddr) -> bool {
+        let Some(until) = self.cooling.remove(&addr) else {
+            return false;
+        };
+        if let Some(i) = self.locate(addr) {
+            self.pools[i].cooling.remove(&(until, addr));
+        }
+        true
+    }
+
+    /// Takes `addr` itself out of its pool's index and marks it in flight, if it is free and
+    /// not cooling down.
     pub fn take_exact(&mut self, addr: IpAddr) -> bool {
         let Some(i) = self.locate(addr) else {
             return false;
@@ -263,14 +307,21 @@ impl State {
     /// A taken address whose claim was committed.
     pub fn committed(&mut self, addr: IpAddr) {
         self.in_flight.remove(&addr);
+        self.taken_cooling.remove(&addr);
     }
 
     /// A taken address whose claim was not made: free again at once (it was never handed out),
     /// unless `taken_by_someone` (a lost race: someone else holds it).
     pub fn untake(&mut self, addr: IpAddr, taken_by_someone: bool) {
         self.in_flight.remove(&addr);
+        let cooling = self.taken_cooling.remove(&addr);
         if !taken_by_someone && let Some(i) = self.locate(addr) {
-            self.pools[i].index.insert(addr);
+            match cooling {
+                Some(until) => self.cool(i, addr, until),
+                None => {
+                    self.pools[i].index.insert(addr);
+                }
+            }
         }
     }
 
@@ -283,7 +334,7 @@ impl State {
 
     /// Marks an address claimed (by anyone).
     pub fn mark_claimed(&mut self, addr: IpAddr) {
-        self.cooling.remove(&addr);
+        self.uncool(addr);
         if let Some(i) = self.locate(addr) {
             self.pools[i].index.remove(addr);
         }
@@ -306,9 +357,9 @@ impl State {
         let until = at.saturating_add(self.cooldown);
         if until > now {
             self.pools[i].index.remove(addr);
-            self.cooling.insert(addr, until);
+            self.cool(i, addr, until);
         } else {
-            self.cooling.remove(&addr);
+            self.uncool(addr);
             self.pools[i].index.insert(addr);
         }
     }
@@ -342,7 +393,7 @@ impl State {
             .map(|(&a, _)| a)
             .collect();
         for addr in done {
-            self.cooling.remove(&addr);
+            self.uncool(addr);
             if !self.in_flight.contains(&addr)
                 && let Some(i) = self.locate(addr)
             {
@@ -370,15 +421,19 @@ impl State {
             .collect()
     }
 
+    /// Free addresses per pool, cooling ones included: a pool whose free addresses are all
+    /// cooling down can still serve a pod.
     pub fn free_counts(&self) -> Vec<u64> {
-        self.pools.iter().map(|p| p.index.free_count()).collect()
+        (0..self.pools.len()).map(|i| self.free_in(i)).collect()
     }
 
-    /// Addresses of pool `i` cooling down.
+    /// Free addresses of pool `i`, cooling ones included.
+    pub fn free_in(&self, i: usize) -> u64 {
+        self.pools[i].index.free_count() + self.cooling_in(i)
+    }
+
+    /// Free addresses of pool `i` that are cooling down.
     pub fn cooling_in(&self, i: usize) -> u64 {
-        self.cooling
-            .keys()
-            .filter(|&&a| self.locate(a) == Some(i))
-            .count() as u64
+        self.pools[i].cooling.len() as u64
     }
 }

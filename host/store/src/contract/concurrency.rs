@@ -213,7 +213,7 @@ pub fn concurrent_reattach_has_one_winner(store: &dyn Store) {
         );
         must("detach", store.detach(&old, T0 + 1));
         let racer = |t: usize| attachment(&format!("r{round}-racer-{t}"), "eth0");
-        let results = race(|t| store.reattach(address, &p, &racer(t), T0 + 2));
+        let results = race(|t| reattach(store, address, &p, &racer(t), T0 + 2));
         let mut won = Vec::new();
         for (t, outcome) in results.iter().enumerate() {
             match outcome {
@@ -308,7 +308,8 @@ pub fn reopen_keeps_everything<L, S: Store>(location: &L, open: impl Fn(&L) -> S
     );
     must(
         "reattach",
-        store.reattach(
+        reattach(
+            &store,
             ip("10.0.0.2"),
             &stateful_pod("db", "pg-0", "ub2"),
             &c,

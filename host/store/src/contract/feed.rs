@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 use allot_core::store::{Change, ChangeKind, Changes, Claim, Reattach, Store, StoreError};
 
-use super::{T0, all, attachment, claim, ip, must, pod, settled, sorted, stateful_pod};
+use super::{
+    NODE, T0, all, attachment, claim, ip, must, pod, reattach, settled, sorted, stateful_pod,
+};
 
 fn revision(store: &dyn Store) -> u64 {
     must("snapshot", store.snapshot(0)).revision
@@ -41,7 +43,7 @@ pub fn feed_reports_every_change_in_order(store: &dyn Store) {
     let web2 = stateful_pod("default", "web-0", "uid-2");
     must(
         "reattach",
-        store.reattach(ip("10.0.0.2"), &web2, &eth0b, T0 + 2),
+        reattach(store, ip("10.0.0.2"), &web2, &eth0b, T0 + 2),
     );
     must("release", store.release(ip("fd00::2"), None));
 
@@ -100,7 +102,7 @@ pub fn failed_writes_add_no_change(store: &dyn Store) {
         Err(StoreError::Conflict(_))
     ));
     assert!(matches!(
-        store.reattach(ip("10.0.0.1"), &p, &b, T0),
+        reattach(store, ip("10.0.0.1"), &p, &b, T0),
         Err(StoreError::Stale(_))
     ));
     assert!(!must("release", store.release(ip("10.0.0.1"), Some(&b))));
@@ -191,6 +193,7 @@ pub fn claim_batch_with_reattach_is_all_or_nothing(store: &dyn Store) {
         address: ip("10.0.0.2"),
         pod: web2.clone(),
         attachment: new.clone(),
+        node: super::OTHER_NODE.into(),
         now: T0 + 5,
     };
 
@@ -225,6 +228,7 @@ pub fn claim_batch_with_reattach_is_all_or_nothing(store: &dyn Store) {
     let expected = Claim {
         attachment: Some(new.clone()),
         pod: web2.clone(),
+        node: super::OTHER_NODE.into(),
         updated_at: T0 + 5,
         ..claim("10.0.0.2", "v4", None, &web, T0)
     };

@@ -254,6 +254,7 @@ impl Inner {
             self.index_deletes(&c, &mut success);
             c.attachment = Some(r.attachment.clone());
             c.pod = r.pod.clone();
+            c.node = r.node.clone();
             c.updated_at = r.now;
             success.push(TxnOp::put(key.clone(), keys::encode(&c), None));
             self.index_puts(&c, &mut success);

@@ -125,8 +125,13 @@ fn unsegment(s: &str) -> Option<String> {
 }
 
 /// A claim as stored under `PREFIX/claims/ADDRESS`: what `etcdctl get` shows.
+///
+/// Fields this build does not know are ignored, not refused: an allot rolled back after a newer
+/// one wrote claims with more fields must still read them (a rewrite then drops what it does not
+/// know, which every field added so far tolerates: a claim without `node` is judged by nobody's
+/// CNI GC).
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct StoredClaim {
     address: IpAddr,
     pool: String,
@@ -134,18 +139,21 @@ struct StoredClaim {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     attachment: Option<StoredAttachment>,
     pod: StoredPod,
+    /// The node that made the claim (absent in claims written before it was recorded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    node: String,
     updated_at: u64,
 }
 
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct StoredAttachment {
     container_id: String,
     interface: String,
 }
 
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct StoredPod {
     namespace: String,
     name: String,
@@ -172,6 +180,7 @@ pub fn encode(c: &Claim) -> String {
             owner_kind: c.pod.owner_kind.clone(),
             owner_name: c.pod.owner_name.clone(),
         },
+        node: c.node.clone(),
         updated_at: c.updated_at,
     };
     serde_json::to_string(&stored).expect("a claim serialises")
@@ -206,6 +215,7 @@ pub fn decode(key: &[u8], value: &[u8]) -> Result<Claim, String> {
             owner_kind: stored.pod.owner_kind,
             owner_name: stored.pod.owner_name,
         },
+        node: stored.node,
         updated_at: stored.updated_at,
     })
 }
@@ -263,6 +273,7 @@ mod tests {
                 owner_kind: Some("StatefulSet".into()),
                 owner_name: Some("web".into()),
             },
+            node: "node-a".into(),
             updated_at: 7,
         };
         let json = encode(&c);
@@ -274,5 +285,19 @@ mod tests {
         );
         let err = decode(b"/allot/claims/fd00::7", b"{").unwrap_err();
         assert!(err.contains("does not decode"), "{err}");
+    }
+
+    #[test]
+    fn claims_of_older_and_newer_allots_decode() {
+        // Written before claims named their node: no node, which no node's CNI GC judges.
+        let older = br#"{"address":"10.0.0.7","pool":"p","network":"n","pod":{"namespace":"ns","name":"a","uid":"u"},"updatedAt":5}"#;
+        let claim = decode(b"/allot/claims/10.0.0.7", older).unwrap();
+        assert_eq!(claim.node, "");
+        assert!(!encode(&claim).contains("node"));
+        // Written by a later allot with a field this one does not know: read, not refused, so
+        // that rolling back to this version keeps the agents serving.
+        let newer = br#"{"address":"10.0.0.7","pool":"p","network":"n","pod":{"namespace":"ns","name":"a","uid":"u","zone":"z"},"node":"n1","generation":3,"updatedAt":5}"#;
+        let claim = decode(b"/allot/claims/10.0.0.7", newer).unwrap();
+        assert_eq!((claim.node.as_str(), claim.updated_at), ("n1", 5));
     }
 }

@@ -99,6 +99,7 @@ pub(super) struct Held {
     uid: Id,
     owner_kind: Option<Arc<str>>,
     owner_name: Option<Arc<str>>,
+    node: Arc<str>,
     updated_at: u64,
 }
 
@@ -116,6 +117,7 @@ impl Held {
             uid: Id::new(&c.pod.uid),
             owner_kind: c.pod.owner_kind.as_deref().map(|k| words.get(k)),
             owner_name: c.pod.owner_name.as_deref().map(|n| words.get(n)),
+            node: words.get(&c.node),
             updated_at: c.updated_at,
         }
     }
@@ -136,6 +138,7 @@ impl Held {
                 owner_kind: self.owner_kind.as_deref().map(str::to_string),
                 owner_name: self.owner_name.as_deref().map(str::to_string),
             },
+            node: self.node.to_string(),
             updated_at: self.updated_at,
         }
     }
@@ -218,6 +221,7 @@ mod tests {
                 owner_kind: Some("StatefulSet".into()),
                 owner_name: Some("web".into()),
             },
+            node: "node-a".into(),
             updated_at: 7,
         };
         let held = Held::new(&c, &mut words);

@@ -155,6 +155,7 @@ fn claim_of(address: IpAddr, c: &BlockClaim) -> Claim {
             owner_kind: c.owner_kind.clone(),
             owner_name: c.owner_name.clone(),
         },
+        node: c.node.clone(),
         updated_at: c.updated_at,
     }
 }
@@ -170,6 +171,7 @@ fn block_claim_of(c: &Claim) -> BlockClaim {
         uid: c.pod.uid.clone(),
         owner_kind: c.pod.owner_kind.clone(),
         owner_name: c.pod.owner_name.clone(),
+        node: c.node.clone(),
         updated_at: c.updated_at,
     }
 }

@@ -195,6 +195,7 @@ impl Inner {
                         before.push(c.clone());
                         c.attachment = Some(r.attachment.clone());
                         c.pod = r.pod.clone();
+                        c.node = r.node.clone();
                         c.updated_at = r.now;
                         after.push(c.clone());
                     }

@@ -64,6 +64,9 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE TRIGGER claims_updated AFTER UPDATE ON claims BEGIN
         INSERT INTO changes (address, kind, at) VALUES (NEW.address, 3, unixepoch());
     END;",
+    // 4: the node that made each claim (the CNI GC verb of a node judges its own claims only;
+    // '' for claims made before, which a file serving one node treats as that node's).
+    "ALTER TABLE claims ADD COLUMN node TEXT NOT NULL DEFAULT '';",
 ];
 
 /// `changes.kind`: what happened to the address.
@@ -75,7 +78,7 @@ pub(crate) const UPDATED: i64 = 3;
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
 pub(crate) const COLUMNS: &str = "address, family, pool, container_id, interface, pod_namespace, pod_name, \
-                       pod_uid, owner_kind, owner_name, updated_at, network";
+                       pod_uid, owner_kind, owner_name, updated_at, network, node";
 
 pub(crate) fn family(address: IpAddr) -> i64 {
     match address {
@@ -350,12 +353,14 @@ pub(crate) fn decode(row: &rusqlite::Row<'_>) -> Result<Claim, String> {
     let updated_at =
         u64::try_from(updated).map_err(|_| at(format!("updated_at is negative ({updated})")))?;
     let network = required(11, "network")?;
+    let node = required(12, "node")?;
     Ok(Claim {
         address,
         pool,
         network,
         attachment,
         pod,
+        node,
         updated_at,
     })
 }
