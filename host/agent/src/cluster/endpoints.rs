@@ -154,12 +154,14 @@ fn with_interface(
     let mut ep = match current {
         // The same pod: replace this interface's entry, keep the others.
         Some(ep) if ep.spec.uid == pod.uid => ep,
-        // None yet, or a previous pod of this name (a StatefulSet's): start over.
-        other => {
-            let mut fresh = Endpoint::new(&pod.name, EndpointSpec::default());
-            fresh.metadata.resource_version = other.and_then(|o| o.metadata.resource_version);
-            fresh
-        }
+        // A previous pod of this name (a StatefulSet's): its addresses start over, and what
+        // others put in the metadata (labels, annotations, finalizers, other owners) stays: a
+        // replace without them would drop them.
+        Some(previous) => Endpoint {
+            metadata: previous.metadata,
+            ..Endpoint::new(&pod.name, EndpointSpec::default())
+        },
+        None => Endpoint::new(&pod.name, EndpointSpec::default()),
     };
     ep.spec.uid = pod.uid.clone();
     ep.spec.node = node.to_string();
@@ -167,7 +169,18 @@ fn with_interface(
         kind: o.kind.clone(),
         name: o.name.clone(),
     });
-    ep.metadata.owner_references = owned_by_pod(pod);
+    // The pod is this Endpoint's owner (this pod, not a previous one of its name); owners others
+    // added stay.
+    let mut owners: Vec<OwnerReference> = ep
+        .metadata
+        .owner_references
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|o| !(o.api_version == "v1" && o.kind == "Pod"))
+        .collect();
+    owners.extend(owned_by_pod(pod).into_iter().flatten());
+    ep.metadata.owner_references = (!owners.is_empty()).then_some(owners);
     ep.spec.interfaces.retain(|i| i.ifname != entry.ifname);
     ep.spec.interfaces.push(entry.clone());
     ep.spec.interfaces.sort_by(|a, b| a.ifname.cmp(&b.ifname));

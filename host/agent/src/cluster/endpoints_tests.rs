@@ -182,3 +182,55 @@ async fn a_pods_writes_keep_their_order_and_a_late_earlier_one_is_dropped() {
     assert_eq!(*ran.lock().unwrap(), ["second", "other"]);
     assert!(order.pods.lock().unwrap().is_empty());
 }
+
+/// What others put in an Endpoint's metadata (a GitOps tool's labels and annotations, a
+/// finalizer, another owner) survives the agent's replace, for the same pod and for a later
+/// pod of the name alike; only the pod owner is the agent's to set.
+#[test]
+fn others_metadata_survives_a_rewrite() {
+    let mut current: Endpoint = serde_json::from_value(json!({
+        "apiVersion": "allot.dev/v1alpha1", "kind": "Endpoint",
+        "metadata": {"name": "p", "namespace": "web", "resourceVersion": "7",
+                     "labels": {"team": "blue"}, "annotations": {"gitops/sync": "x"},
+                     "finalizers": ["example.com/audit"],
+                     "ownerReferences": [
+                         {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "uid-old"},
+                         {"apiVersion": "example.com/v1", "kind": "Audit", "name": "a", "uid": "ua"}]},
+        "spec": {"uid": "uid-old", "node": "n0", "interfaces": [{"ifname": "eth0", "ipv4": "10.0.0.5/24"}]}
+    }))
+    .unwrap();
+    for uid in ["uid-old", "uid-p"] {
+        current.spec.uid = uid.into();
+        let next = with_interface(
+            Some(current.clone()),
+            &pod(None),
+            "n1",
+            &entry("net1", "10.0.0.7/24"),
+        );
+        let meta = &next.metadata;
+        assert_eq!(meta.resource_version.as_deref(), Some("7"));
+        assert_eq!(meta.labels.as_ref().unwrap()["team"], "blue", "{uid}");
+        assert_eq!(
+            meta.annotations.as_ref().unwrap()["gitops/sync"],
+            "x",
+            "{uid}"
+        );
+        assert_eq!(
+            meta.finalizers.as_deref(),
+            Some(&["example.com/audit".to_string()][..])
+        );
+        let owners: Vec<(&str, &str)> = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| (o.kind.as_str(), o.uid.as_str()))
+            .collect();
+        assert_eq!(owners, [("Audit", "ua"), ("Pod", "uid-p")], "{uid}");
+        let kept_eth0 = next.spec.interfaces.iter().any(|i| i.ifname == "eth0");
+        assert_eq!(
+            kept_eth0,
+            uid == "uid-p",
+            "a previous pod's addresses are not this pod's"
+        );
+    }
+}

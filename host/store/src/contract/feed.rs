@@ -6,9 +6,7 @@ use std::net::IpAddr;
 
 use allot_core::store::{Change, ChangeKind, Changes, Claim, Reattach, Store, StoreError};
 
-use super::{
-    NODE, T0, all, attachment, claim, ip, must, pod, reattach, settled, sorted, stateful_pod,
-};
+use super::{T0, all, attachment, claim, ip, must, pod, reattach, settled, sorted, stateful_pod};
 
 fn revision(store: &dyn Store) -> u64 {
     must("snapshot", store.snapshot(0)).revision

@@ -37,6 +37,39 @@ pub(super) fn rv_number(version: &str) -> Option<u64> {
     version.parse().ok()
 }
 
+/// What others put in an IPBlock's metadata (a GitOps tool's labels and annotations, the
+/// garbage collector's `foregroundDeletion` finalizer, owner references): kept as read and
+/// written back with every replace, which would drop them otherwise. `None` when the block
+/// carries nothing but allot's own label, as nearly every block does.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Kept {
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+    finalizers: Vec<String>,
+    owner_references: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+}
+
+// Every field compares structurally (`OwnerReference` only lacks the derive).
+impl Eq for Kept {}
+
+impl Kept {
+    fn of(meta: &ObjectMeta) -> Option<Box<Kept>> {
+        let mut labels = meta.labels.clone().unwrap_or_default();
+        if labels.get(MANAGED_BY).map(String::as_str) == Some("allot") {
+            labels.remove(MANAGED_BY);
+        }
+        let kept = Kept {
+            labels,
+            annotations: meta.annotations.clone().unwrap_or_default(),
+            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            owner_references: meta.owner_references.clone().unwrap_or_default(),
+        };
+        (kept != Kept::default()).then(|| Box::new(kept))
+    }
+}
+
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
 /// One IPBlock, decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Block {
@@ -45,6 +78,8 @@ pub(super) struct Block {
     pub node: Option<String>,
     /// The resourceVersion this copy was read at; `None` for a block not created yet.
     pub version: Option<String>,
+    /// Metadata others set, written back as it was read.
+    pub kept: Option<Box<Kept>>,
     pub claims: BTreeMap<IpAddr, Claim>,
     /// Released addresses cooling down, with when (unix seconds). At most one entry per
     /// address of the block, so a block never grows past 64 of each.
@@ -58,6 +93,7 @@ impl Block {
             cidr,
             node,
             version: None,
+            kept: None,
             claims: BTreeMap::new(),
             released: BTreeMap::new(),
         }
@@ -80,6 +116,7 @@ impl Block {
             object.spec.node.clone(),
         );
         block.version = object.metadata.resource_version.clone();
+        block.kept = Kept::of(&object.metadata);
         let belongs = |text: &str| -> Option<IpAddr> {
             let address: IpAddr = text.parse().ok()?;
             (cidr.is_some() && block_of(address) == block.cidr).then_some(address)
@@ -105,17 +142,18 @@ impl Block {
     }
 
     pub fn to_object(&self) -> IPBlock {
+        let kept = self.kept.as_deref().cloned().unwrap_or_default();
+        let mut labels = kept.labels;
+        labels.insert(MANAGED_BY.to_string(), "allot".to_string());
         IPBlock {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 resource_version: self.version.clone(),
-                labels: Some(
-                    [(
-                        "app.kubernetes.io/managed-by".to_string(),
-                        "allot".to_string(),
-                    )]
-                    .into(),
-                ),
+                labels: Some(labels),
+                annotations: (!kept.annotations.is_empty()).then_some(kept.annotations),
+                finalizers: (!kept.finalizers.is_empty()).then_some(kept.finalizers),
+                owner_references: (!kept.owner_references.is_empty())
+                    .then_some(kept.owner_references),
                 ..ObjectMeta::default()
             },
             spec: IPBlockSpec {
@@ -186,6 +224,7 @@ struct Stored {
     cidr: IpNet,
     node: Option<String>,
     version: Option<String>,
+    kept: Option<Box<Kept>>,
     claims: BTreeMap<IpAddr, Held>,
     released: BTreeMap<IpAddr, u64>,
 }
@@ -197,6 +236,7 @@ impl Stored {
             cidr: self.cidr,
             node: self.node.clone(),
             version: self.version.clone(),
+            kept: self.kept.clone(),
             claims: self.claims.iter().map(|(a, h)| (*a, h.claim(*a))).collect(),
             released: self.released.clone(),
         }
@@ -450,6 +490,7 @@ impl MirrorState {
             cidr: b.cidr,
             node: b.node,
             version: b.version,
+            kept: b.kept,
             released: b.released,
         });
         let empty = BTreeMap::new();
@@ -531,5 +572,54 @@ impl MirrorState {
             self.by_attachment.remove(&(k, address));
         }
         self.by_pod.remove(&(h.pod_key(), address));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block's replace carries what others set in its metadata, and allot's own label.
+    #[test]
+    fn a_rewritten_block_keeps_what_others_set_in_its_metadata() {
+        let object: IPBlock = serde_json::from_value(serde_json::json!({
+            "apiVersion": "allot.dev/v1alpha1", "kind": "IPBlock",
+            "metadata": {"name": "v4-10-0-0-0-26", "resourceVersion": "12",
+                         "labels": {"app.kubernetes.io/managed-by": "allot", "gitops": "yes"},
+                         "annotations": {"note": "kept"},
+                         "finalizers": ["foregroundDeletion"],
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Namespace",
+                                              "name": "x", "uid": "u"}]},
+            "spec": {"cidr": "10.0.0.0/26"}
+        }))
+        .unwrap();
+        let block = Block::from_object(&object);
+        let written = block.to_object();
+        let meta = &written.metadata;
+        assert_eq!(meta.resource_version.as_deref(), Some("12"));
+        assert_eq!(
+            meta.labels.clone().unwrap(),
+            BTreeMap::from([
+                (
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "allot".to_string()
+                ),
+                ("gitops".to_string(), "yes".to_string())
+            ])
+        );
+        assert_eq!(meta.annotations.clone().unwrap()["note"], "kept");
+        assert_eq!(meta.finalizers.clone().unwrap(), ["foregroundDeletion"]);
+        assert_eq!(meta.owner_references.clone().unwrap()[0].kind, "Namespace");
+
+        // A block with allot's label alone keeps nothing extra.
+        let plain = Block::empty(
+            "v4-10-0-0-64-26".into(),
+            "10.0.0.64/26".parse().unwrap(),
+            None,
+        );
+        let meta = plain.to_object().metadata;
+        assert!(plain.kept.is_none());
+        assert!(meta.annotations.is_none() && meta.finalizers.is_none());
+        assert!(meta.owner_references.is_none());
     }
 }
