@@ -37,9 +37,11 @@ import urllib.request
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RELEASE = os.path.join(ROOT, "target", "release")
+# Cargo's target directory, as cargo finds it (CARGO_TARGET_DIR moves it).
+TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+RELEASE = os.path.join(TARGET, "release")
 DEFAULT_POLICY = os.path.join(
-    ROOT, "target", "wasm-default-policy", "wasm32-wasip2", "release", "allot_policy_default.wasm"
+    TARGET, "wasm-default-policy", "wasm32-wasip2", "release", "allot_policy_default.wasm"
 )
 SETUP = "chart-check-setup"
 

@@ -13,7 +13,9 @@ import chart_cluster
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHART = os.path.join(ROOT, "charts", "allot")
 HELM = os.path.join(ROOT, "target", "tools", "helm")
-RELEASE = os.path.join(ROOT, "target", "release")
+# Cargo's target directory, as cargo finds it (CARGO_TARGET_DIR moves it).
+TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+RELEASE = os.path.join(TARGET, "release")
 NS = "allot-system"
 KUBE_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 FULL = os.path.join(CHART, "ci", "full-values.yaml")

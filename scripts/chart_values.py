@@ -152,7 +152,7 @@ def check_values():
         and has(agent, "--journal=/var/lib/allot-agent/journal") and ipam["journal"] == "/var/lib/allot-agent/journal",
         "agent.cniBinDir": lambda: volumes["cni-bin"] == "/usr/libexec/cni",
         "agent.cniConfDir": lambda: volumes["cni-conf"] == "/etc/kubernetes/cni/net.d",
-        "agent.metrics.port": lambda: has(agent, "--metrics-address=0.0.0.0:19401")
+        "agent.metrics.port": lambda: has(agent, "--metrics-address=[::]:19401")
         and agent["ports"][0]["containerPort"] == 19401
         and find(F, "Service", "allot-agent-metrics")["spec"]["ports"][0]["port"] == 19401,
         "agent.podWaitMs": lambda: has(agent, "--pod-wait-ms=3000"),
@@ -182,7 +182,7 @@ def check_values():
         "agent.extraEnv": lambda: aenv.get("RUST_BACKTRACE") == "1",
         "controller.replicas": lambda: find(F, "Deployment")["spec"]["replicas"] == 3,
         "controller.logLevel": lambda: cenv["RUST_LOG"] == "info,allot_controller=debug",
-        "controller.metrics.port": lambda: has(ctrl, "--metrics-address=0.0.0.0:19402")
+        "controller.metrics.port": lambda: has(ctrl, "--metrics-address=[::]:19402")
         and find(F, "Service", "allot-controller-metrics")["spec"]["ports"][0]["port"] == 19402,
         "controller.webhook.port": lambda: has(ctrl, "--webhook-port=19443")
         and {"name": "webhook", "containerPort": 19443, "protocol": "TCP"} in ctrl["ports"],
@@ -208,9 +208,24 @@ def check_values():
         and "deployments" not in rule_resources(F, "allot-controller")
         and "deployments" in rule_resources(D, "allot-controller"),
         "controller.autoPools.resyncSeconds": lambda: has(ctrl, "--auto-pool-resync-seconds=120"),
+        # Unset: on the host network exactly when allot's conflist is the pod network.
         "controller.hostNetwork": lambda: cpod.get("hostNetwork") is True
-        and "hostNetwork" not in pod_spec(D, "Deployment", "allot-controller"),
+        and "hostNetwork" not in pod_spec(D, "Deployment", "allot-controller")
+        and pod_spec(without("network.conflist.enabled=true"), "Deployment",
+                     "allot-controller").get("hostNetwork") is True
+        and "hostNetwork" not in pod_spec(
+            without("network.conflist.enabled=true", "controller.hostNetwork=false"),
+            "Deployment", "allot-controller"),
         "controller.resources": lambda: ctrl["resources"] == full["controller"]["resources"],
+        # The default classes are system-*-critical: a quota admits them outside kube-system;
+        # the full values' classes are not, so no quota.
+        "priorityClassQuota.enabled": lambda: find(F, "ResourceQuota") is None
+        and find(D, "ResourceQuota", "allot-critical-pods")["spec"]["scopeSelector"]
+        == {"matchExpressions": [{"operator": "In", "scopeName": "PriorityClass",
+                                  "values": ["system-node-critical", "system-cluster-critical"]}]}
+        and find(without("priorityClassQuota.enabled=false"), "ResourceQuota") is None,
+        "priorityClassQuota.pods": lambda: find(without("priorityClassQuota.pods=500"),
+                                                "ResourceQuota")["spec"]["hard"] == {"pods": "500"},
         "controller.tolerations": lambda: cpod["tolerations"] == full["controller"]["tolerations"],
         "controller.nodeSelector": lambda: cpod["nodeSelector"] == full["controller"]["nodeSelector"],
         "controller.affinity": lambda: cpod["affinity"] == full["controller"]["affinity"],
@@ -246,7 +261,7 @@ def check_values():
     # excludes another): their checks render with --set or with ci/multus-values.yaml instead.
     kept_default = {"crds.upgrade", "policy.create", "network.multus.enabled",
                     "network.multus.namespace", "controller.podDisruptionBudget.enabled",
-                    "metrics.grafanaDashboard.enabled", "image.tag"}
+                    "metrics.grafanaDashboard.enabled", "image.tag", "priorityClassQuota.enabled"}
     merged = full
     uncovered = []
     for path, default in leaves(defaults):

@@ -348,8 +348,10 @@ def main():
         check_rbac_comments()
         F, D, M = check_values()
         upgrade = render(upgrade=True)
+        # What `make cluster`'s README section installs on the local control plane.
+        local = render("-f", os.path.join(CHART, "ci", "local-cluster-values.yaml"))
         for docs, label in [(D, "default values"), (F, "full values"), (M, "multus values"),
-                            (upgrade, "upgrade")]:
+                            (local, "local cluster values"), (upgrade, "upgrade")]:
             check_schemas(docs, label)
             check_rbac(docs, label)
             check_security(docs, label, probe_ahead=docs is F)

@@ -72,3 +72,24 @@ readOnlyRootFilesystem: true
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/*
+Where the hook Jobs run. They reach the API server and nothing else, so they use the node's
+network: on a cluster whose only pod network is allot's own conflist, no pod network exists
+before the agents install it (a first install) nor after uninstall removed it. They may land on
+a node whose network is not ready yet, which such a node's taints say.
+*/}}
+{{- define "allot.hookNetwork" -}}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+tolerations:
+  - key: node.kubernetes.io/not-ready
+    operator: Exists
+    effect: NoSchedule
+  - key: node.kubernetes.io/network-unavailable
+    operator: Exists
+    effect: NoSchedule
+  {{- with .Values.controller.tolerations }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}

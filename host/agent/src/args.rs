@@ -123,8 +123,8 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
     /// Also serve `/metrics`, `/healthz` and `/readyz` over plain HTTP on this TCP address
-    /// (`0.0.0.0:9401`), for Prometheus and the kubelet's probes. Only those three: the plugin
-    /// API, status and recorded decisions stay on the unix socket.
+    /// (`[::]:9401` answers IPv6 and IPv4), for Prometheus and the kubelet's probes. Only those
+    /// three: the plugin API, status and recorded decisions stay on the unix socket.
     #[arg(long, value_name = "ADDR")]
     metrics_address: Option<std::net::SocketAddr>,
     #[command(flatten)]

@@ -219,8 +219,8 @@ pub async fn serve_metrics(
     shared: Arc<Shared>,
     address: std::net::SocketAddr,
 ) -> anyhow::Result<std::net::SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
+    let listener = allot_k8s::listen::bind(address)
+        .and_then(tokio::net::TcpListener::from_std)
         .with_context(|| format!("listening on {address} (--metrics-address)"))?;
     let bound = listener.local_addr()?;
     tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz over HTTP");

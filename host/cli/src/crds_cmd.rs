@@ -81,7 +81,8 @@ async fn apply_all(kubeconfig: Option<&Path>, wait: Duration) -> anyhow::Result<
             .get_or_insert_default()
             .insert(VERSION_ANNOTATION.into(), ours.into());
         match live {
-            // Server-side apply creates it (and needs only `patch` on this name).
+            // Server-side apply creates it: authorized as `patch` on this name and, since the
+            // object does not exist yet, as `create` too.
             None => {
                 api.patch(
                     &name,

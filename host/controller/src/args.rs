@@ -44,7 +44,7 @@ pub struct ControllerArgs {
     #[arg(long, value_name = "MS", default_value_t = 2000)]
     pub lease_retry_period_ms: u64,
     /// Where `/metrics`, `/healthz` and `/readyz` are served (plain HTTP).
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9402")]
+    #[arg(long, value_name = "ADDR", default_value = "[::]:9402")]
     pub metrics_address: SocketAddr,
     /// How often pool status counts are brought up to date (at most one write per pool per
     /// interval) and pool finalizers checked.

@@ -60,7 +60,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     ready: Readiness,
 ) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
+    let listener = tokio::net::TcpListener::from_std(allot_k8s::listen::bind(address)?)?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         loop {

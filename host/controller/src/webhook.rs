@@ -42,11 +42,13 @@ pub struct WebhookArgs {
         default_value_t = 9443
     )]
     pub port: u16,
-    /// Address to listen on: `::` for IPv6 (and IPv4 where the node allows both).
+    /// Address to listen on. `::`, the default, answers IPv6 and IPv4 (where the node allows
+    /// both; a node without IPv6 gets `0.0.0.0`): an IPv6-only cluster's API server reaches
+    /// the webhook on the pod's IPv6 address.
     #[arg(
         long = "webhook-address",
         env = "ALLOT_WEBHOOK_ADDRESS",
-        default_value = "0.0.0.0"
+        default_value = "::"
     )]
     pub address: IpAddr,
     /// The Service, in the controller's namespace, through which the API server reaches the
@@ -145,8 +147,8 @@ impl Webhook {
         store: Arc<dyn Store>,
         leadership: Leadership,
     ) -> anyhow::Result<Webhook> {
-        let listener = tokio::net::TcpListener::bind(settings.bind)
-            .await
+        let listener = allot_k8s::listen::bind(settings.bind)
+            .and_then(tokio::net::TcpListener::from_std)
             .with_context(|| format!("webhook: listening on {} (--webhook-port)", settings.bind))?;
         let local_addr = listener.local_addr()?;
         let certified = Arc::new(server::Certified::default());

@@ -16,7 +16,8 @@ struct Cli {
 fn defaults_name_the_service_secret_and_configurations_of_the_chart() {
     let args = Cli::try_parse_from(["allot-controller"]).unwrap().webhook;
     let s = args.settings("allot-system");
-    assert_eq!(s.bind, "0.0.0.0:9443".parse::<SocketAddr>().unwrap());
+    // IPv6 and IPv4 alike: an IPv6-only cluster's API server reaches it too.
+    assert_eq!(s.bind, "[::]:9443".parse::<SocketAddr>().unwrap());
     assert_eq!(
         (
             s.service.as_str(),
@@ -35,7 +36,7 @@ fn every_flag_is_taken_and_a_bad_value_is_refused() {
     let args = Cli::try_parse_from([
         "allot-controller",
         "--webhook-port=8443",
-        "--webhook-address=::",
+        "--webhook-address=0.0.0.0",
         "--webhook-service=admission",
         "--webhook-service-port=8443",
         "--webhook-secret=admission-tls",
@@ -45,7 +46,7 @@ fn every_flag_is_taken_and_a_bad_value_is_refused() {
     .unwrap()
     .webhook;
     let s = args.settings("ns");
-    assert_eq!(s.bind, "[::]:8443".parse::<SocketAddr>().unwrap());
+    assert_eq!(s.bind, "0.0.0.0:8443".parse::<SocketAddr>().unwrap());
     assert_eq!(s.target().service, "admission");
     assert_eq!(s.target().port, 8443);
     assert_eq!(s.secret, "admission-tls");

@@ -20,6 +20,7 @@ mod convert;
 mod crd;
 mod endpoint;
 mod fleet;
+pub mod listen;
 mod policy;
 mod pools;
 
