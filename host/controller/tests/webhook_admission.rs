@@ -586,6 +586,25 @@ async fn an_ipam_allocation_must_agree_with_its_pools_record() {
     .await;
 }
 
+/// A prefix pool's first and last prefixes are the clusters' to hold.
+#[tokio::test]
+async fn an_ipam_allocation_of_a_prefix_pools_first_prefix_is_allowed() {
+    let pool = ipam_pool(
+        "nodes",
+        json!({"dc1": {"type": "prefix", "poolCidr": "10.0.0.0/23", "allocationPrefix": 24}}),
+        json!({}),
+    );
+    let c = Cluster::new(&[("ipampools", pool)], &[]);
+    for cidr in ["10.0.0.0/24", "10.0.1.0/24"] {
+        let held = ipam_allocation(
+            "cluster-m",
+            "nodes",
+            json!({"type": "prefix", "dc": "dc1", "cidr": cidr}),
+        );
+        c.allowed("CREATE", Some(&held), None).await;
+    }
+}
+
 #[tokio::test]
 async fn the_mutating_webhook_only_defaults_ip_version_of_valid_objects() {
     let patch_of = |object: &Value| -> Option<Value> {

@@ -586,3 +586,38 @@ async fn an_allocation_recorded_but_not_written_is_written_on_the_next_call() {
         "10.0.0.1-10.0.0.4"
     );
 }
+
+/// A prefix pool hands out its first and last prefixes too, and keeps a cluster migrating in
+/// with the pool's first prefix.
+#[tokio::test]
+async fn a_prefix_pool_serves_its_first_and_last_prefix() {
+    let server = ApiServer::new();
+    server.insert(
+        "ipampools",
+        pool_object(
+            "nodes",
+            json!({"dc1": {"type": "prefix", "poolCidr": "10.0.0.0/23", "allocationPrefix": 24}}),
+        ),
+    );
+    server.insert(
+        "ipamallocations",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPAMAllocation",
+               "metadata": {"name": "nodes", "namespace": "cluster-migrated"},
+               "spec": {"type": "prefix", "dc": "dc1", "cidr": "10.0.0.0/24"}}),
+    );
+    let client = server.client();
+    let clusters = ["cluster-migrated", "cluster-new"].map(|ns| cluster(ns, "dc1"));
+    let report = sync(&client, "nodes", &clusters).await.unwrap();
+    let got: BTreeMap<&str, Option<String>> = report
+        .allocated
+        .iter()
+        .map(|(ns, r)| (ns.as_str(), r.as_ref().unwrap().spec.cidr.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        BTreeMap::from([
+            ("cluster-migrated", Some("10.0.0.0/24".to_string())),
+            ("cluster-new", Some("10.0.1.0/24".to_string())),
+        ])
+    );
+}

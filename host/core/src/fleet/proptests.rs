@@ -164,7 +164,10 @@ fn check_invariants(
 ) -> Result<(), TestCaseError> {
     let cidr = pool.cidr();
     let (net, bcast) = (addr_to_u128(cidr.network()), addr_to_u128(cidr.broadcast()));
-    let edges = matches!(cidr, IpNet::V4(n) if n.prefix_len() < 31);
+    // Only a range pool keeps its IPv4 network and broadcast addresses back: a prefix pool's
+    // subnets are the clusters' to use.
+    let edges = matches!(pool.kind(), FleetKind::Range { .. })
+        && matches!(cidr, IpNet::V4(n) if n.prefix_len() < 31);
     let mut every: Vec<((u128, u128), &str)> = Vec::new();
     for (cluster, a) in all {
         if let Allocation::Prefix(n) = a {
@@ -213,6 +216,42 @@ fn check_invariants(
     Ok(())
 }
 
+/// A prefix pool refused a cluster: every aligned prefix of length `len` overlaps an exclusion
+/// or an allocation (checked one by one when there are at most 4096 of them), so none that
+/// could be handed out was kept back, the pool's first and last included.
+fn no_aligned_prefix_is_free(
+    pool: &FleetPool,
+    len: u8,
+    all: &[(String, Allocation)],
+) -> Result<(), TestCaseError> {
+    let cidr = pool.cidr();
+    if len - cidr.prefix_len() > 12 {
+        return Ok(());
+    }
+    let taken: Vec<(u128, u128)> = exclusion_runs(pool)
+        .into_iter()
+        .chain(all.iter().flat_map(|(_, a)| runs_of(a)))
+        .collect();
+    let mask = runs::host_mask(cidr.max_prefix_len(), len);
+    let first = addr_to_u128(cidr.network());
+    for i in 0..(1u128 << (len - cidr.prefix_len())) {
+        // (`mask + 1` overflows only for a /0, which holds one prefix.)
+        let lo = if i == 0 {
+            first
+        } else {
+            first + i * (mask + 1)
+        };
+        let candidate = (lo, lo + mask);
+        prop_assert!(
+            taken.iter().any(|&t| overlaps(t, candidate)),
+            "/{} at {} is free, yet the pool refused a cluster",
+            len,
+            u128_to_addr(pool.family(), lo)
+        );
+    }
+    Ok(())
+}
+
 fn exclusion_runs(pool: &FleetPool) -> Vec<(u128, u128)> {
     let ranges = pool
         .exclude_ranges()
@@ -249,7 +288,10 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         }
                         all.push((name, a));
                     }
-                    Err(FleetError::Exhausted { .. } | FleetError::NoFreePrefix { .. }) => {}
+                    Err(FleetError::NoFreePrefix { len, .. }) => {
+                        no_aligned_prefix_is_free(&pool, len, &all)?
+                    }
+                    Err(FleetError::Exhausted { .. }) => {}
                     Err(e) => prop_assert!(false, "unexpected refusal: {}", e),
                 }
             }
