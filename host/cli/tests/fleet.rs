@@ -240,6 +240,52 @@ fn bad_input_is_an_error_naming_the_file_and_object() {
     assert!(err.contains("allocationRnage"), "{err}");
 }
 
+/// Kubermatic made both allocations and the pool's allocationRange is raised from 4 to 6: each
+/// cluster grows into addresses nobody holds, never into its neighbour's.
+#[test]
+fn a_raised_allocation_range_grows_every_cluster_into_free_addresses_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let pools = write(
+        dir.path(),
+        "pools.yaml",
+        "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  datacenters:
+    dc1: {type: range, poolCidr: 10.0.0.0/24, allocationRange: 6}
+---
+apiVersion: allot.dev/v1alpha1
+kind: IPAMAllocation
+metadata: {name: lb, namespace: cluster-a}
+spec: {type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.4]}
+---
+apiVersion: allot.dev/v1alpha1
+kind: IPAMAllocation
+metadata: {name: lb, namespace: cluster-b}
+spec: {type: range, dc: dc1, addresses: [10.0.0.5-10.0.0.8]}
+",
+    );
+    let clusters = write(
+        dir.path(),
+        "clusters.yaml",
+        "- {name: a, datacenter: dc1}\n- {name: b, datacenter: dc1}\n",
+    );
+    let out = allotctl(&["fleet", "plan", "-f", &pools, "--clusters", &clusters]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert_eq!(
+        text,
+        "\
+IPAMPool lb
+  datacenter dc1
+    cluster-a (a)  10.0.0.1-10.0.0.4,10.0.0.9-10.0.0.10  grown
+    cluster-b (b)  10.0.0.5-10.0.0.8,10.0.0.11-10.0.0.12  grown
+0 new, 0 kept, 2 grown, 0 refused, 0 released
+"
+    );
+}
+
 /// A /23 split into /24s serves two clusters, and a cluster migrating in with the pool's
 /// first /24 keeps it.
 #[test]

@@ -508,7 +508,9 @@ fn outside(run: Run, bounds: Run, cidr: &IpNet) -> Option<String> {
 
 /// The allocation `cluster` should hold in `pool`, given every allocation of the pool's
 /// datacenter in `existing` (entries named `cluster` are ignored: `current` stands for them)
-/// and the cluster's `current` allocation.
+/// and the cluster's `current` allocation. `existing` must hold every allocation that holds
+/// addresses, whether the caller has a record of it or not: what it leaves out may be handed
+/// out again.
 ///
 /// - No current allocation: the lowest free space, avoiding the other clusters, the exclusions
 ///   and (an IPv4 range pool below /31) the network and broadcast addresses.

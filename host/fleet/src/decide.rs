@@ -2,7 +2,8 @@
 //! fleet plan` both call [`decide`]), and which edits the webhook will refuse (of a pool:
 //! [`check_pool_edit`]; of an IPAMAllocation: [`check_allocation_object`]). Core does the
 //! arithmetic; this adds what the objects say on top of it: the `deprecated` flag, the records
-//! of a pool's status, and who the cluster is.
+//! of a pool's status, the IPAMAllocations holding addresses the pool has no record of
+//! ([`holders`]), and who the cluster is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -209,6 +210,30 @@ pub fn in_datacenter(
         .filter(|(_, (d, _))| d == dc)
         .map(|(ns, (_, a))| (ns.clone(), a.clone()))
         .collect()
+}
+
+/// Every allocation of datacenter `dc` that holds addresses, as core takes them: the pool's
+/// `records` from `dc`, and each IPAMAllocation of the pool from `dc` (namespace, spec) whose
+/// namespace the pool has no record of (adopted, made by another tool such as Kubermatic, or
+/// created meanwhile). Its cluster may use those addresses whether the pool knows it or not,
+/// so they count as taken: left out, they would be handed out again. A namespace the pool has
+/// a record of is its record (the allocator writes its IPAMAllocation from it); an
+/// IPAMAllocation that cannot be read, or a request, holds nothing.
+pub fn holders<'a>(
+    records: &BTreeMap<String, (String, Allocation)>,
+    objects: impl IntoIterator<Item = (&'a str, &'a IPAMAllocationSpec)>,
+    dc: &str,
+) -> Vec<(String, Allocation)> {
+    let mut out = in_datacenter(records, dc);
+    for (namespace, spec) in objects {
+        if spec.dc != dc || records.contains_key(namespace) {
+            continue;
+        }
+        if let Ok(Some(allocation)) = spec.allocation() {
+            out.push((namespace.to_string(), allocation));
+        }
+    }
+    out
 }
 
 /// Why the edit of IPAMPool `old` into `new` must be refused (`old` is `None` on creation,

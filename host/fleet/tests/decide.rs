@@ -307,3 +307,168 @@ fn an_allocation_object_must_fit_its_pool_and_its_record() {
         "IPAMPool lb has no entry for datacenter dc7: add spec.datacenters.dc7, or fix the cluster's datacenter"
     );
 }
+
+fn ipam_allocation(ns: &str, spec: &str) -> IPAMAllocation {
+    serde_yaml::from_str(&format!(
+        "apiVersion: allot.dev/v1alpha1\nkind: IPAMAllocation\nmetadata: {{name: lb, namespace: {ns}}}\nspec: {spec}\n"
+    ))
+    .unwrap()
+}
+
+fn shown(planned: &allot_fleet::Plan) -> Vec<(String, String)> {
+    planned
+        .entries
+        .iter()
+        .map(|e| {
+            let what = match &e.outcome {
+                Ok((a, change)) => format!("{a} {change}"),
+                Err(refusal) => format!("refused: {refusal}"),
+            };
+            (e.namespace.clone(), what)
+        })
+        .collect()
+}
+
+/// Kubermatic made both allocations (the pool has no record of either), or only the one of
+/// cluster-b is missing from the record: raising allocationRange grows each cluster into
+/// addresses nobody holds, never into its neighbour's.
+#[test]
+fn growing_a_range_never_takes_addresses_another_cluster_holds() {
+    let grown = pool(
+        "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  datacenters:
+    dc1: {type: range, poolCidr: 10.0.0.0/24, allocationRange: 6}
+",
+    );
+    let a = ipam_allocation(
+        "cluster-a",
+        "{type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.4]}",
+    );
+    let b = ipam_allocation(
+        "cluster-b",
+        "{type: range, dc: dc1, addresses: [10.0.0.5-10.0.0.8]}",
+    );
+    let clusters = [cluster("cluster-a", "dc1"), cluster("cluster-b", "dc1")];
+    let row = |ns: &str, what: &str| (ns.to_string(), what.to_string());
+    let expected = [
+        row("cluster-a", "10.0.0.1-10.0.0.4,10.0.0.9-10.0.0.10 grown"),
+        row("cluster-b", "10.0.0.5-10.0.0.8,10.0.0.11-10.0.0.12 grown"),
+    ];
+    let planned = plan(
+        std::slice::from_ref(&grown),
+        &[a.clone(), b.clone()],
+        &clusters,
+    );
+    assert_eq!(shown(&planned), expected);
+    assert!(planned.warnings.is_empty(), "{:?}", planned.warnings);
+
+    // cluster-a recorded, cluster-b's IPAMAllocation created meanwhile by another tool.
+    let mut recorded = grown.clone();
+    recorded.status = Some(allot_k8s::IPAMPoolStatus {
+        allocations: [("cluster-a".to_string(), a.spec.clone())].into(),
+        ..Default::default()
+    });
+    let planned = plan(
+        std::slice::from_ref(&recorded),
+        std::slice::from_ref(&b),
+        &clusters,
+    );
+    // cluster-b is adopted first (as the controller's sync does), so it grows first.
+    assert_eq!(
+        shown(&planned),
+        [
+            row("cluster-a", "10.0.0.1-10.0.0.4,10.0.0.11-10.0.0.12 grown"),
+            row("cluster-b", "10.0.0.5-10.0.0.8,10.0.0.9-10.0.0.10 grown"),
+        ]
+    );
+
+    // Growth that does not fit is refused for that cluster alone, which keeps its addresses.
+    let tight = pool(
+        "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  datacenters:
+    dc1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 8}
+",
+    );
+    let planned = plan(&[tight], &[a, b], &clusters);
+    assert_eq!(
+        shown(&planned),
+        [
+            row("cluster-a", "10.0.0.1-10.0.0.4,10.0.0.9-10.0.0.12 grown"),
+            row(
+                "cluster-b",
+                "refused: IPAMPool lb datacenter dc1: cluster cluster-b: poolCidr 10.0.0.0/28 has 2 free addresses, the cluster needs 4 more: widen the pool with another IPAMPool, or release clusters"
+            ),
+        ]
+    );
+}
+
+/// Every IPAMAllocation holding addresses counts as taken, adopted or not: a new cluster is
+/// never handed what one holds, even one that cannot be adopted, and of two that overlap
+/// neither is adopted, each refused naming the other.
+#[test]
+fn a_plan_hands_nobody_what_an_unrecorded_allocation_holds() {
+    let p = pool(HELD);
+    let objects = [
+        // Overlaps cluster-a's record: not adopted, yet its cluster still uses 10.0.0.5-6.
+        ipam_allocation(
+            "cluster-legacy",
+            "{type: range, dc: dc1, addresses: [10.0.0.3-10.0.0.6]}",
+        ),
+        ipam_allocation(
+            "cluster-x",
+            "{type: range, dc: dc1, addresses: [10.0.0.20-10.0.0.23]}",
+        ),
+        ipam_allocation(
+            "cluster-y",
+            "{type: range, dc: dc1, addresses: [10.0.0.22-10.0.0.25]}",
+        ),
+    ];
+    let clusters = [
+        cluster("cluster-a", "dc1"),
+        cluster("cluster-aa", "dc1"),
+        cluster("cluster-legacy", "dc1"),
+        cluster("cluster-x", "dc1"),
+        cluster("cluster-y", "dc1"),
+    ];
+    let planned = plan(&[p], &objects, &clusters);
+    let row = |ns: &str, what: &str| (ns.to_string(), what.to_string());
+    let refused = |ns: &str, held: &str, shared: &str, other: &str| {
+        row(
+            ns,
+            &format!(
+                "refused: IPAMAllocation {ns}/lb holds {held}, which IPAMPool lb cannot keep: {shared} are also held by cluster {other}; delete the IPAMAllocation to get a new allocation, or fix the pool"
+            ),
+        )
+    };
+    assert_eq!(
+        shown(&planned),
+        [
+            row("cluster-a", "10.0.0.1-10.0.0.4 kept"),
+            row("cluster-aa", "10.0.0.7-10.0.0.10 new"),
+            refused(
+                "cluster-legacy",
+                "10.0.0.3-10.0.0.6",
+                "10.0.0.3-10.0.0.4",
+                "cluster-a"
+            ),
+            refused(
+                "cluster-x",
+                "10.0.0.20-10.0.0.23",
+                "10.0.0.22-10.0.0.23",
+                "cluster-y"
+            ),
+            refused(
+                "cluster-y",
+                "10.0.0.22-10.0.0.25",
+                "10.0.0.22-10.0.0.23",
+                "cluster-x"
+            ),
+        ]
+    );
+}
