@@ -178,6 +178,27 @@ pub fn decide(
     Ok((decided, change))
 }
 
+/// Whether `decision`, made by [`decide`] against no other cluster, could change once every
+/// allocation holding addresses counts ([`holders`]): a new, adopted or grown allocation could,
+/// and so could a pool found full or an adoption refused (the refusal names whom it overlaps).
+/// A recorded allocation kept as it is, or a refusal of the pool's settings, depends on nobody
+/// else: deciding those costs the allocator no list of the pool's IPAMAllocations.
+pub fn depends_on_others(
+    current: Current<'_>,
+    decision: &Result<(Allocation, Change), Refusal>,
+) -> bool {
+    match decision {
+        Ok((_, Change::Kept)) => !matches!(current, Current::Recorded(_)),
+        Ok(_) => true,
+        Err(Refusal::Fleet { error, .. }) => matches!(
+            **error,
+            FleetError::Exhausted { .. } | FleetError::NoFreePrefix { .. }
+        ),
+        Err(Refusal::Inconsistent { .. }) => true,
+        Err(_) => false,
+    }
+}
+
 /// A pool's records, read: cluster namespace → (datacenter, allocation). An unreadable record
 /// is an error, never skipped: skipping it could hand its addresses out twice.
 pub fn records(
@@ -234,6 +255,18 @@ pub fn holders<'a>(
         }
     }
     out
+}
+
+/// The IPAMAllocations of IPAMPool `pool` among `objects` (each is named after its pool), as
+/// (namespace, spec).
+pub fn of_pool<'a>(
+    pool: &'a str,
+    objects: &'a [IPAMAllocation],
+) -> impl Iterator<Item = (&'a str, &'a IPAMAllocationSpec)> + 'a {
+    objects
+        .iter()
+        .filter(move |o| o.metadata.name.as_deref() == Some(pool))
+        .map(|o| (o.metadata.namespace.as_deref().unwrap_or_default(), &o.spec))
 }
 
 /// Why the edit of IPAMPool `old` into `new` must be refused (`old` is `None` on creation,

@@ -1,6 +1,7 @@
 //! Property tests: random IPv4 range pools with exclusions, clusters already holding addresses
 //! anywhere in them (recorded in the pool's status, present only as IPAMAllocations, or both),
-//! a random new `allocationRange` and a few new clusters, planned offline with `plan`.
+//! a random new `allocationRange` and a few new clusters, planned offline with `plan` and
+//! decided one cluster at a time as the controller's allocator decides them.
 //! Checked by plain pairwise comparison, apart from the allocator's run arithmetic: no two
 //! clusters ever overlap, every allocation held is kept as it was (grown only by appending
 //! runs), and a refusal is the pool being full, for that cluster alone.
@@ -9,7 +10,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use allot_core::fleet::{Allocation, FleetError, FleetPool};
-use allot_fleet::{Change, FleetCluster, Refusal, plan};
+use allot_fleet::decide::{depends_on_others, holders, of_pool, records};
+use allot_fleet::{Change, Current, FleetCluster, Refusal, decide, plan};
 use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMPool, IPAMPoolStatus};
 use proptest::prelude::*;
 
@@ -269,6 +271,49 @@ fn check(f: &Fleet, c: &Case, outcomes: &BTreeMap<String, Outcome>) -> Result<()
     Ok(())
 }
 
+/// The controller's allocator (`api::allocate` as `sync` runs it: clusters holding an
+/// IPAMAllocation the pool has no record of first, then by namespace): each cluster decided
+/// alone first, then against every allocation holding addresses when that could change the
+/// answer, and recorded when granted.
+fn allocate_one_by_one(
+    pool: &IPAMPool,
+    objects: &[IPAMAllocation],
+    clusters: &[FleetCluster],
+) -> BTreeMap<String, Outcome> {
+    let entry = &pool.spec.datacenters["dc1"];
+    let mut recorded = pool.status.clone().unwrap_or_default().allocations;
+    let object_of = |ns: &str| {
+        objects
+            .iter()
+            .find(|o| o.metadata.namespace.as_deref() == Some(ns))
+            .and_then(|o| o.spec.allocation().ok().flatten())
+    };
+    let mut order: Vec<&FleetCluster> = clusters.iter().collect();
+    order.sort();
+    order.sort_by_key(|c| recorded.contains_key(&c.namespace) || object_of(&c.namespace).is_none());
+    let mut out = BTreeMap::new();
+    for c in order {
+        let ns = c.namespace.as_str();
+        let held = records("lb", &recorded).unwrap();
+        let object = object_of(ns);
+        let current = match (held.get(ns), &object) {
+            (Some((_, a)), _) => Current::Recorded(a),
+            (None, Some(a)) => Current::Adopted(a),
+            (None, None) => Current::None,
+        };
+        let mut outcome = decide("lb", "dc1", entry, &[], ns, current);
+        if depends_on_others(current, &outcome) {
+            let existing = holders(&held, of_pool("lb", objects), "dc1");
+            outcome = decide("lb", "dc1", entry, &existing, ns, current);
+        }
+        if let Ok((a, _)) = &outcome {
+            recorded.insert(ns.to_string(), IPAMAllocationSpec::recording(a, "dc1"));
+        }
+        out.insert(ns.to_string(), outcome);
+    }
+    out
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -286,6 +331,15 @@ proptest! {
             .into_iter()
             .map(|e| (e.namespace, e.outcome))
             .collect();
+        check(&f, &c, &outcomes)?;
+    }
+
+    #[test]
+    fn the_allocator_grows_nobody_into_another_and_keeps_what_is_held(c in case()) {
+        let f = lay_out(&c);
+        let (pool, objects, clusters) = objects(&f, &c);
+        prop_assume!(FleetPool::try_from(&pool.spec.datacenters["dc1"]).is_ok());
+        let outcomes = allocate_one_by_one(&pool, &objects, &clusters);
         check(&f, &c, &outcomes)?;
     }
 }
