@@ -270,11 +270,17 @@ pub fn of_pool<'a>(
 }
 
 /// Why the edit of IPAMPool `old` into `new` must be refused (`old` is `None` on creation,
-/// `new` on deletion), judged against the allocations recorded in `old`'s status: each
-/// datacenter through core's `check_edit` (poolCidr, type and allocationPrefix immutable; an
-/// exclusion that covers allocated addresses; removing a datacenter clusters still hold
-/// allocations from), and a new entry that is not a valid pool. Empty when the edit is allowed.
-pub fn check_pool_edit(old: Option<&IPAMPool>, new: Option<&IPAMPool>) -> Vec<String> {
+/// `new` on deletion), judged against every allocation that holds addresses: those recorded
+/// in `old`'s status and the pool's IPAMAllocations among `objects` it has no record of (see
+/// [`holders`]). Each datacenter goes through core's `check_edit` (poolCidr, type and
+/// allocationPrefix immutable; an exclusion that covers allocated addresses; removing a
+/// datacenter clusters still hold allocations from), and a new entry that is not a valid pool
+/// is refused. Empty when the edit is allowed.
+pub fn check_pool_edit(
+    old: Option<&IPAMPool>,
+    new: Option<&IPAMPool>,
+    objects: &[IPAMAllocation],
+) -> Vec<String> {
     let name = new
         .or(old)
         .and_then(|p| p.metadata.name.clone())
@@ -301,7 +307,7 @@ pub fn check_pool_edit(old: Option<&IPAMPool>, new: Option<&IPAMPool>) -> Vec<St
             Some(Ok(p)) => Some(p),
             None => None,
         };
-        let allocations = in_datacenter(&held, dc);
+        let allocations = holders(&held, of_pool(&name, objects), dc);
         for refusal in check_edit(old_pool.as_ref(), new_pool.as_ref(), &allocations) {
             refusals.push(format!("IPAMPool {name} datacenter {dc}: {refusal}"));
         }
@@ -311,10 +317,16 @@ pub fn check_pool_edit(old: Option<&IPAMPool>, new: Option<&IPAMPool>) -> Vec<St
 
 /// Why an IPAMAllocation written (or edited) by anyone but the allocator must be refused: the
 /// consistency check the proposal asks of a validating webhook. A request (no addresses) is
-/// fine when its pool serves its datacenter; an allocation must fit its pool, overlap no
-/// cluster the pool has a record of, and, when the pool holds a record for this namespace, be
-/// that record. Empty when the object is allowed.
-pub fn check_allocation_object(pool: &IPAMPool, object: &IPAMAllocation) -> Vec<String> {
+/// fine when its pool serves its datacenter; an allocation must fit its pool and, when the
+/// pool holds a record for this namespace, be that record. One the pool has a record of must
+/// overlap no other record; one it has no record of must overlap no allocation holding
+/// addresses, recorded or among `objects` (the pool's IPAMAllocations; see [`holders`]).
+/// Empty when the object is allowed.
+pub fn check_allocation_object(
+    pool: &IPAMPool,
+    object: &IPAMAllocation,
+    objects: &[IPAMAllocation],
+) -> Vec<String> {
     let name = pool.metadata.name.clone().unwrap_or_default();
     let ns = object.metadata.namespace.clone().unwrap_or_default();
     let dc = &object.spec.dc;
@@ -358,7 +370,15 @@ pub fn check_allocation_object(pool: &IPAMPool, object: &IPAMAllocation) -> Vec<
             "IPAMAllocation {ns}/{name} holds {allocation} from datacenter {dc}, but IPAMPool {name} records {record} from datacenter {record_dc} for this namespace: the allocator writes this object from the pool's record; delete it to have it written again"
         )];
     }
-    check_allocation(&checked, &in_datacenter(&held, dc), &ns, &allocation)
+    // A record was checked against every holder when it was written: an IPAMAllocation that
+    // came in since without a record (past a webhook that was down) must not keep the
+    // allocator from writing the record's object; that one is refused on its own.
+    let others = if held.contains_key(&ns) {
+        in_datacenter(&held, dc)
+    } else {
+        holders(&held, of_pool(&name, objects), dc)
+    };
+    check_allocation(&checked, &others, &ns, &allocation)
         .into_iter()
         .map(|p| format!("IPAMAllocation {ns}/{name} ({allocation}): {p}"))
         .collect()

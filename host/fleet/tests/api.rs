@@ -308,7 +308,7 @@ async fn a_larger_allocation_range_grows_clusters_by_disjoint_runs() {
         p.spec.datacenters.get_mut("dc1").unwrap().allocation_range = Some(6)
     })
     .await;
-    assert!(check_pool_edit(Some(&before), Some(&pool(&client, "lb").await)).is_empty());
+    assert!(check_pool_edit(Some(&before), Some(&pool(&client, "lb").await), &[]).is_empty());
     let a = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
         .await
         .unwrap();
@@ -345,7 +345,7 @@ async fn a_shorter_allocation_prefix_is_refused_and_the_prefix_kept() {
     .await;
     let after = pool(&client, "nodes").await;
     // The webhook's check refuses the edit ...
-    let refused = check_pool_edit(Some(&before), Some(&after));
+    let refused = check_pool_edit(Some(&before), Some(&after), &[]);
     assert_eq!(
         refused,
         [

@@ -28,7 +28,7 @@ fn edited(from: &str, to: &str) -> IPAMPool {
 #[test]
 fn edits_that_would_strand_a_cluster_are_refused_with_the_reason() {
     let old = pool(HELD);
-    let refused = |new: &IPAMPool| check_pool_edit(Some(&old), Some(new));
+    let refused = |new: &IPAMPool| check_pool_edit(Some(&old), Some(new), &[]);
     assert!(
         refused(&edited(
             "allocationRange: 4}\n    dc2",
@@ -76,7 +76,7 @@ fn edits_that_would_strand_a_cluster_are_refused_with_the_reason() {
         ]
     );
     // Deleting the pool while clusters hold allocations.
-    assert_eq!(check_pool_edit(Some(&old), None).len(), 1);
+    assert_eq!(check_pool_edit(Some(&old), None, &[]).len(), 1);
 }
 
 fn cluster(ns: &str, dc: &str) -> FleetCluster {
@@ -278,9 +278,9 @@ fn an_allocation_object_must_fit_its_pool_and_its_record() {
         ),
     ];
     for o in &ok {
-        assert!(check_allocation_object(&p, o).is_empty(), "{o:?}");
+        assert!(check_allocation_object(&p, o, &[]).is_empty(), "{o:?}");
     }
-    let refused = |o: IPAMAllocation| check_allocation_object(&p, &o).join("; ");
+    let refused = |o: IPAMAllocation| check_allocation_object(&p, &o, &[]).join("; ");
     assert_eq!(
         refused(object(
             "cluster-b",
@@ -469,6 +469,71 @@ fn a_plan_hands_nobody_what_an_unrecorded_allocation_holds() {
                 "10.0.0.22-10.0.0.23",
                 "cluster-x"
             ),
+        ]
+    );
+}
+
+/// The webhook's checks count every IPAMAllocation holding addresses, not only the records:
+/// cluster-k's was made by Kubermatic and the pool has no record of it.
+#[test]
+fn the_webhook_checks_count_allocations_the_pool_has_no_record_of() {
+    use allot_fleet::check_allocation_object;
+    let p = pool(HELD);
+    let kubermatic = ipam_allocation(
+        "cluster-k",
+        "{type: range, dc: dc1, addresses: [10.0.0.5-10.0.0.8]}",
+    );
+    let objects = std::slice::from_ref(&kubermatic);
+    let over = ipam_allocation(
+        "cluster-b",
+        "{type: range, dc: dc1, addresses: [10.0.0.7-10.0.0.10]}",
+    );
+    assert_eq!(
+        check_allocation_object(&p, &over, objects),
+        [
+            "IPAMAllocation cluster-b/lb (10.0.0.7-10.0.0.10): 10.0.0.7-10.0.0.8 are also held by cluster cluster-k"
+        ]
+    );
+    // Its own object is not judged against itself; a request holds nothing.
+    assert!(check_allocation_object(&p, &kubermatic, objects).is_empty());
+    let request = ipam_allocation("cluster-r", "{dc: dc1}");
+    assert!(
+        check_allocation_object(&p, &request, &[kubermatic.clone(), request.clone()]).is_empty()
+    );
+    // A recorded allocation is judged against the records only: it was there first, and the
+    // allocator must be able to write its object.
+    let intruder = ipam_allocation(
+        "cluster-i",
+        "{type: range, dc: dc1, addresses: [10.0.0.3-10.0.0.4]}",
+    );
+    let recorded = ipam_allocation(
+        "cluster-a",
+        "{type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.4]}",
+    );
+    assert!(check_allocation_object(&p, &recorded, &[intruder]).is_empty());
+
+    let excluding = edited(
+        "allocationRange: 4}\n    dc2",
+        "allocationRange: 4, excludeRanges: [10.0.0.6]}\n    dc2",
+    );
+    assert_eq!(
+        check_pool_edit(Some(&p), Some(&excluding), objects),
+        [
+            "IPAMPool lb datacenter dc1: cluster cluster-k holds 10.0.0.6, which the new exclusions cover: release or move that cluster first, or exclude other addresses"
+        ]
+    );
+    // An IPAMAllocation of another pool, or from another datacenter, is not this one's.
+    let mut elsewhere = kubermatic.clone();
+    elsewhere.spec.dc = "dc2".into();
+    let mut other_pool = kubermatic.clone();
+    other_pool.metadata.name = Some("nodes".into());
+    assert!(check_pool_edit(Some(&p), Some(&excluding), &[elsewhere, other_pool]).is_empty());
+    let mut emptied = p.clone();
+    emptied.status = None;
+    assert_eq!(
+        check_pool_edit(Some(&emptied), None, objects),
+        [
+            "IPAMPool lb datacenter dc1: clusters cluster-k still hold allocations from this datacenter's pool: delete those clusters (or their allocations) first"
         ]
     );
 }
