@@ -239,3 +239,113 @@ fn bad_input_is_an_error_naming_the_file_and_object() {
     assert!(err.contains("pools.yaml: lb: not an IPAMPool"), "{err}");
     assert!(err.contains("allocationRnage"), "{err}");
 }
+
+/// Kubermatic made both allocations and the pool's allocationRange is raised from 4 to 6: each
+/// cluster grows into addresses nobody holds, never into its neighbour's.
+#[test]
+fn a_raised_allocation_range_grows_every_cluster_into_free_addresses_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let pools = write(
+        dir.path(),
+        "pools.yaml",
+        "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  datacenters:
+    dc1: {type: range, poolCidr: 10.0.0.0/24, allocationRange: 6}
+---
+apiVersion: allot.dev/v1alpha1
+kind: IPAMAllocation
+metadata: {name: lb, namespace: cluster-a}
+spec: {type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.4]}
+---
+apiVersion: allot.dev/v1alpha1
+kind: IPAMAllocation
+metadata: {name: lb, namespace: cluster-b}
+spec: {type: range, dc: dc1, addresses: [10.0.0.5-10.0.0.8]}
+",
+    );
+    let clusters = write(
+        dir.path(),
+        "clusters.yaml",
+        "- {name: a, datacenter: dc1}\n- {name: b, datacenter: dc1}\n",
+    );
+    let out = allotctl(&["fleet", "plan", "-f", &pools, "--clusters", &clusters]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert_eq!(
+        text,
+        "\
+IPAMPool lb
+  datacenter dc1
+    cluster-a (a)  10.0.0.1-10.0.0.4,10.0.0.9-10.0.0.10  grown
+    cluster-b (b)  10.0.0.5-10.0.0.8,10.0.0.11-10.0.0.12  grown
+0 new, 0 kept, 2 grown, 0 refused, 0 released
+"
+    );
+}
+
+/// A /23 split into /24s serves two clusters, and a cluster migrating in with the pool's
+/// first /24 keeps it.
+#[test]
+fn a_prefix_pool_hands_out_its_first_and_last_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: nodes}
+spec:
+  datacenters:
+    dc1: {type: prefix, poolCidr: 10.0.0.0/23, allocationPrefix: 24}
+";
+    let pools = write(dir.path(), "pools.yaml", pool);
+    let clusters = write(
+        dir.path(),
+        "clusters.yaml",
+        "- {name: a, datacenter: dc1}\n- {name: b, datacenter: dc1}\n",
+    );
+    let out = allotctl(&["fleet", "plan", "-f", &pools, "--clusters", &clusters]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert_eq!(
+        text,
+        "\
+IPAMPool nodes
+  datacenter dc1
+    cluster-a (a)  10.0.0.0/24  new
+    cluster-b (b)  10.0.1.0/24  new
+2 new, 0 kept, 0 grown, 0 refused, 0 released
+"
+    );
+
+    let pools = write(
+        dir.path(),
+        "pools.yaml",
+        &format!(
+            "{pool}---
+apiVersion: allot.dev/v1alpha1
+kind: IPAMAllocation
+metadata: {{name: nodes, namespace: cluster-m}}
+spec: {{type: prefix, dc: dc1, cidr: 10.0.0.0/24}}
+"
+        ),
+    );
+    let clusters = write(
+        dir.path(),
+        "clusters.yaml",
+        "- {name: a, datacenter: dc1}\n- {name: m, datacenter: dc1}\n",
+    );
+    let out = allotctl(&["fleet", "plan", "-f", &pools, "--clusters", &clusters]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert_eq!(
+        text,
+        "\
+IPAMPool nodes
+  datacenter dc1
+    cluster-a (a)  10.0.1.0/24  new
+    cluster-m (m)  10.0.0.0/24  kept
+1 new, 1 kept, 0 grown, 0 refused, 0 released
+"
+    );
+}

@@ -587,6 +587,99 @@ async fn an_ipam_allocation_must_agree_with_its_pools_record() {
     .await;
 }
 
+/// cluster-b's IPAMAllocation was made by another tool (Kubermatic, a migration): the pool has
+/// no record of it, yet its addresses are taken for every check.
+#[tokio::test]
+async fn ipam_objects_are_judged_against_every_allocation_holding_addresses() {
+    let pool = ipam_pool("metallb", hamburg(), held_by_a());
+    let unrecorded = ipam_allocation(
+        "cluster-b",
+        "metallb",
+        json!({"type": "range", "dc": "hamburg", "addresses": ["192.168.1.11-192.168.1.20"]}),
+    );
+    let c = Cluster::new(
+        &[
+            ("ipampools", pool.clone()),
+            ("ipamallocations", unrecorded.clone()),
+        ],
+        &[],
+    );
+    let over_b = ipam_allocation(
+        "cluster-c",
+        "metallb",
+        json!({"type": "range", "dc": "hamburg", "addresses": ["192.168.1.15-192.168.1.24"]}),
+    );
+    c.denied(
+        "CREATE",
+        Some(&over_b),
+        None,
+        &[
+            "IPAMAllocation cluster-c/metallb",
+            "192.168.1.15-192.168.1.20 are also held by cluster cluster-b",
+        ],
+    )
+    .await;
+    // cluster-b's own object is judged against the others, not against itself.
+    let mut edited = unrecorded.clone();
+    edited["spec"]["addresses"] = json!(["192.168.1.11-192.168.1.21"]);
+    c.allowed("UPDATE", Some(&edited), Some(&unrecorded)).await;
+    // The allocator writes cluster-a's object from the record, whatever came in meanwhile.
+    let recorded = ipam_allocation(
+        "cluster-a",
+        "metallb",
+        json!({"type": "range", "dc": "hamburg", "addresses": ["192.168.1.1-192.168.1.10"]}),
+    );
+    c.allowed("CREATE", Some(&recorded), None).await;
+
+    let mut excluding = pool.clone();
+    excluding["spec"]["datacenters"]["hamburg"]["excludeRanges"] = json!(["192.168.1.15"]);
+    c.denied(
+        "UPDATE",
+        Some(&excluding),
+        Some(&pool),
+        &["cluster cluster-b holds 192.168.1.15"],
+    )
+    .await;
+    let mut dropped = pool.clone();
+    dropped["spec"]["datacenters"] = json!({});
+    c.denied(
+        "UPDATE",
+        Some(&dropped),
+        Some(&pool),
+        &["clusters cluster-a, cluster-b still hold"],
+    )
+    .await;
+    // A pool created again over the allocations its predecessor made.
+    let mut again = excluding.clone();
+    again["status"] = json!({});
+    c.denied(
+        "CREATE",
+        Some(&again),
+        None,
+        &["cluster cluster-b holds 192.168.1.15"],
+    )
+    .await;
+}
+
+/// A prefix pool's first and last prefixes are the clusters' to hold.
+#[tokio::test]
+async fn an_ipam_allocation_of_a_prefix_pools_first_prefix_is_allowed() {
+    let pool = ipam_pool(
+        "nodes",
+        json!({"dc1": {"type": "prefix", "poolCidr": "10.0.0.0/23", "allocationPrefix": 24}}),
+        json!({}),
+    );
+    let c = Cluster::new(&[("ipampools", pool)], &[]);
+    for cidr in ["10.0.0.0/24", "10.0.1.0/24"] {
+        let held = ipam_allocation(
+            "cluster-m",
+            "nodes",
+            json!({"type": "prefix", "dc": "dc1", "cidr": cidr}),
+        );
+        c.allowed("CREATE", Some(&held), None).await;
+    }
+}
+
 #[tokio::test]
 async fn the_mutating_webhook_only_defaults_ip_version_of_valid_objects() {
     let patch_of = |object: &Value| -> Option<Value> {

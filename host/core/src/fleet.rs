@@ -6,8 +6,9 @@
 //!   otherwise the lowest free addresses as several disjoint runs) or `prefix` (the lowest free
 //!   aligned subnet of the given length);
 //! - `excludeRanges` and `excludePrefixes` are matched by overlap, never by string, and both
-//!   apply to both types; an IPv4 pool's network and broadcast addresses (below /31) are never
-//!   handed out, not even inside a prefix;
+//!   apply to both types; an IPv4 range pool's network and broadcast addresses (below /31) are
+//!   never handed out, while a prefix pool hands out every aligned prefix, its first and last
+//!   too (a subnet is the cluster's to use, the pool's edges are not hosts there);
 //! - an existing allocation is always kept: a larger `allocationRange` appends disjoint runs and
 //!   never rewrites the runs a cluster holds; a smaller one leaves the cluster its addresses; a
 //!   shorter `allocationPrefix` (a larger subnet) is refused with the reason, since a prefix
@@ -104,7 +105,7 @@ pub enum FleetSpecError {
         max: u8,
     },
     #[error(
-        "no /{len} of poolCidr {cidr} is free of the exclusions and the IPv4 network and broadcast addresses, so no cluster could get one: use a longer allocationPrefix, a wider poolCidr or fewer exclusions"
+        "no /{len} of poolCidr {cidr} is free of the exclusions, so no cluster could get one: use a longer allocationPrefix, a wider poolCidr or fewer exclusions"
     )]
     NoPrefixLeft { len: u8, cidr: IpNet },
     #[error("excludeRanges entry `{entry}` {problem}")]
@@ -469,23 +470,30 @@ impl FleetPool {
     }
 
     /// How many addresses an empty pool could hand out: the CIDR less the exclusions and, for
-    /// IPv4 below /31, the network and broadcast addresses.
+    /// an IPv4 range pool below /31, the network and broadcast addresses.
     pub fn usable(&self) -> u128 {
         total(gaps(bounds(&self.cidr), &self.never_handed_out()))
     }
 
-    /// The exclusions plus, for IPv4 below /31, the network and broadcast addresses: merged,
-    /// within the pool.
+    /// Whether the pool keeps its network and broadcast addresses back: an IPv4 range pool
+    /// below /31, whose addresses are hosts on the pool's network. A prefix pool hands out
+    /// subnets, which the clusters address themselves, so its first and last prefixes are
+    /// handed out like any other (as Kubermatic does).
+    fn keeps_edges(&self) -> bool {
+        matches!(self.kind, FleetKind::Range { .. })
+            && matches!(self.cidr, IpNet::V4(n) if n.prefix_len() < 31)
+    }
+
+    /// The exclusions plus, when the pool [keeps its edges](Self::keeps_edges), the network
+    /// and broadcast addresses: merged, within the pool.
     fn never_handed_out(&self) -> Vec<Run> {
         let (net, bcast) = bounds(&self.cidr);
-        match self.cidr {
-            IpNet::V4(n) if n.prefix_len() < 31 => {
-                let mut never = self.excluded.clone();
-                never.extend([(net, net), (bcast, bcast)]);
-                merge(never)
-            }
-            _ => self.excluded.clone(),
+        if !self.keeps_edges() {
+            return self.excluded.clone();
         }
+        let mut never = self.excluded.clone();
+        never.extend([(net, net), (bcast, bcast)]);
+        merge(never)
     }
 }
 
@@ -500,10 +508,12 @@ fn outside(run: Run, bounds: Run, cidr: &IpNet) -> Option<String> {
 
 /// The allocation `cluster` should hold in `pool`, given every allocation of the pool's
 /// datacenter in `existing` (entries named `cluster` are ignored: `current` stands for them)
-/// and the cluster's `current` allocation.
+/// and the cluster's `current` allocation. `existing` must hold every allocation that holds
+/// addresses, whether the caller has a record of it or not: what it leaves out may be handed
+/// out again.
 ///
 /// - No current allocation: the lowest free space, avoiding the other clusters, the exclusions
-///   and (IPv4 below /31) the network and broadcast addresses.
+///   and (an IPv4 range pool below /31) the network and broadcast addresses.
 /// - A current allocation is kept as it is when it holds at least what the pool asks. A range
 ///   that holds fewer addresses than `allocationRange` grows: its runs stay as they are, first,
 ///   and new disjoint runs follow. A prefix longer than `allocationPrefix` is refused.

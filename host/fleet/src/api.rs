@@ -6,6 +6,10 @@
 //! ConfigMap written, from the record: they are what users read, never what allocators trust.
 //! A process that dies between the two leaves a record without its IPAMAllocation; the next
 //! [`allocate`] for that cluster finds the record and writes it.
+//!
+//! An IPAMAllocation the record has no entry for (adopted, made by another tool, created
+//! meanwhile) still holds addresses its cluster may use: a decision that could hand them out
+//! lists the pool's IPAMAllocations and counts each as taken (`decide::holders`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,7 +24,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::decide::{Current, FleetCluster, Refusal, decide, in_datacenter, records};
+use crate::decide::{Current, FleetCluster, Refusal, decide, depends_on_others, holders, records};
 
 /// Compare-and-swap attempts on a pool's record before giving up.
 pub const MAX_ATTEMPTS: usize = 16;
@@ -122,8 +126,9 @@ fn name(pool: &IPAMPool) -> String {
 /// A refusal is written into the IPAMAllocation's status (created for the purpose when
 /// missing) and returned; the cluster keeps whatever it held.
 ///
-/// `allocate` adopts only this cluster's own IPAMAllocation; [`sync`] adopts every one the pool
-/// has no record of before it serves anyone new, so run `sync` when a pool is first reconciled.
+/// `allocate` adopts only this cluster's own IPAMAllocation; every other one holding addresses
+/// the pool has no record of counts as taken (nobody is grown or served into it). [`sync`]
+/// adopts them all.
 pub async fn allocate(
     client: &Client,
     pool_name: &str,
@@ -131,6 +136,8 @@ pub async fn allocate(
 ) -> Result<IPAMAllocation, FleetApiError> {
     let pools: Api<IPAMPool> = Api::all(client.clone());
     let objects: Api<IPAMAllocation> = Api::namespaced(client.clone(), &cluster.namespace);
+    let all_objects: Api<IPAMAllocation> = Api::all(client.clone());
+    let named = ListParams::default().fields(&format!("metadata.name={pool_name}"));
     let ns = &cluster.namespace;
     let dc = &cluster.datacenter;
     let what = format!("IPAMAllocation {ns}/{pool_name}");
@@ -177,7 +184,6 @@ pub async fn allocate(
             Ok(held) => held,
             Err(refusal) => return refuse(&objects, pool_name, cluster, refusal).await,
         };
-        let existing = in_datacenter(&held, dc);
         // A record from another datacenter (the cluster moved) is replaced by this one.
         let recorded = held.get(ns).filter(|(d, _)| d == dc).map(|(_, a)| a);
         let current = match (recorded, &adoptable) {
@@ -185,7 +191,33 @@ pub async fn allocate(
             (None, Some(a)) => Current::Adopted(a),
             (None, None) => Current::None,
         };
-        let decided = match decide(pool_name, dc, &entry, &existing, ns, current) {
+        let mut decision = decide(pool_name, dc, &entry, &[], ns, current);
+        if depends_on_others(current, &decision) {
+            // Listed after the pool was read, on every attempt. The listed IPAMAllocations
+            // only add to what counts as taken, never take anything away from the record, so
+            // the decision is at least as careful as one from the record alone; and the
+            // record's compare-and-swap below still decides between allocators: one that
+            // wrote since the pool was read makes this write fail, whatever the list showed.
+            // (An allocator writes an IPAMAllocation only after its record.)
+            let listed = request(
+                &format!("IPAMAllocations {pool_name}"),
+                all_objects.list(&named),
+            )
+            .await?;
+            let others = listed
+                .items
+                .iter()
+                .map(|o| (o.metadata.namespace.as_deref().unwrap_or_default(), &o.spec));
+            decision = decide(
+                pool_name,
+                dc,
+                &entry,
+                &holders(&held, others, dc),
+                ns,
+                current,
+            );
+        }
+        let decided = match decision {
             Ok((allocation, _)) => allocation,
             Err(refusal) => return refuse(&objects, pool_name, cluster, refusal).await,
         };
@@ -482,8 +514,8 @@ pub struct SyncReport {
 /// One reconcile of IPAMPool `pool_name` against the clusters that exist now: releases the
 /// allocations of clusters that are gone or whose datacenter the pool no longer serves (an
 /// IPAMAllocation holding addresses the pool has no record of and no cluster asks for too), adopts
-/// IPAMAllocations the pool has no record of (before anyone new is served, so nobody is handed
-/// their addresses), then allocates for every cluster that asks the pool, in namespace order (a
+/// IPAMAllocations the pool has no record of (first; each counts as taken for everyone else
+/// either way), then allocates for every cluster that asks the pool, in namespace order (a
 /// request from a datacenter the pool does not serve is refused in its status).
 pub async fn sync(
     client: &Client,

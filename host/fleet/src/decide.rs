@@ -2,7 +2,8 @@
 //! fleet plan` both call [`decide`]), and which edits the webhook will refuse (of a pool:
 //! [`check_pool_edit`]; of an IPAMAllocation: [`check_allocation_object`]). Core does the
 //! arithmetic; this adds what the objects say on top of it: the `deprecated` flag, the records
-//! of a pool's status, and who the cluster is.
+//! of a pool's status, the IPAMAllocations holding addresses the pool has no record of
+//! ([`holders`]), and who the cluster is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -177,6 +178,27 @@ pub fn decide(
     Ok((decided, change))
 }
 
+/// Whether `decision`, made by [`decide`] against no other cluster, could change once every
+/// allocation holding addresses counts ([`holders`]): a new, adopted or grown allocation could,
+/// and so could a pool found full or an adoption refused (the refusal names whom it overlaps).
+/// A recorded allocation kept as it is, or a refusal of the pool's settings, depends on nobody
+/// else: deciding those costs the allocator no list of the pool's IPAMAllocations.
+pub fn depends_on_others(
+    current: Current<'_>,
+    decision: &Result<(Allocation, Change), Refusal>,
+) -> bool {
+    match decision {
+        Ok((_, Change::Kept)) => !matches!(current, Current::Recorded(_)),
+        Ok(_) => true,
+        Err(Refusal::Fleet { error, .. }) => matches!(
+            **error,
+            FleetError::Exhausted { .. } | FleetError::NoFreePrefix { .. }
+        ),
+        Err(Refusal::Inconsistent { .. }) => true,
+        Err(_) => false,
+    }
+}
+
 /// A pool's records, read: cluster namespace → (datacenter, allocation). An unreadable record
 /// is an error, never skipped: skipping it could hand its addresses out twice.
 pub fn records(
@@ -211,12 +233,54 @@ pub fn in_datacenter(
         .collect()
 }
 
+/// Every allocation of datacenter `dc` that holds addresses, as core takes them: the pool's
+/// `records` from `dc`, and each IPAMAllocation of the pool from `dc` (namespace, spec) whose
+/// namespace the pool has no record of (adopted, made by another tool such as Kubermatic, or
+/// created meanwhile). Its cluster may use those addresses whether the pool knows it or not,
+/// so they count as taken: left out, they would be handed out again. A namespace the pool has
+/// a record of is its record (the allocator writes its IPAMAllocation from it); an
+/// IPAMAllocation that cannot be read, or a request, holds nothing.
+pub fn holders<'a>(
+    records: &BTreeMap<String, (String, Allocation)>,
+    objects: impl IntoIterator<Item = (&'a str, &'a IPAMAllocationSpec)>,
+    dc: &str,
+) -> Vec<(String, Allocation)> {
+    let mut out = in_datacenter(records, dc);
+    for (namespace, spec) in objects {
+        if spec.dc != dc || records.contains_key(namespace) {
+            continue;
+        }
+        if let Ok(Some(allocation)) = spec.allocation() {
+            out.push((namespace.to_string(), allocation));
+        }
+    }
+    out
+}
+
+/// The IPAMAllocations of IPAMPool `pool` among `objects` (each is named after its pool), as
+/// (namespace, spec).
+pub fn of_pool<'a>(
+    pool: &'a str,
+    objects: &'a [IPAMAllocation],
+) -> impl Iterator<Item = (&'a str, &'a IPAMAllocationSpec)> + 'a {
+    objects
+        .iter()
+        .filter(move |o| o.metadata.name.as_deref() == Some(pool))
+        .map(|o| (o.metadata.namespace.as_deref().unwrap_or_default(), &o.spec))
+}
+
 /// Why the edit of IPAMPool `old` into `new` must be refused (`old` is `None` on creation,
-/// `new` on deletion), judged against the allocations recorded in `old`'s status: each
-/// datacenter through core's `check_edit` (poolCidr, type and allocationPrefix immutable; an
-/// exclusion that covers allocated addresses; removing a datacenter clusters still hold
-/// allocations from), and a new entry that is not a valid pool. Empty when the edit is allowed.
-pub fn check_pool_edit(old: Option<&IPAMPool>, new: Option<&IPAMPool>) -> Vec<String> {
+/// `new` on deletion), judged against every allocation that holds addresses: those recorded
+/// in `old`'s status and the pool's IPAMAllocations among `objects` it has no record of (see
+/// [`holders`]). Each datacenter goes through core's `check_edit` (poolCidr, type and
+/// allocationPrefix immutable; an exclusion that covers allocated addresses; removing a
+/// datacenter clusters still hold allocations from), and a new entry that is not a valid pool
+/// is refused. Empty when the edit is allowed.
+pub fn check_pool_edit(
+    old: Option<&IPAMPool>,
+    new: Option<&IPAMPool>,
+    objects: &[IPAMAllocation],
+) -> Vec<String> {
     let name = new
         .or(old)
         .and_then(|p| p.metadata.name.clone())
@@ -243,7 +307,7 @@ pub fn check_pool_edit(old: Option<&IPAMPool>, new: Option<&IPAMPool>) -> Vec<St
             Some(Ok(p)) => Some(p),
             None => None,
         };
-        let allocations = in_datacenter(&held, dc);
+        let allocations = holders(&held, of_pool(&name, objects), dc);
         for refusal in check_edit(old_pool.as_ref(), new_pool.as_ref(), &allocations) {
             refusals.push(format!("IPAMPool {name} datacenter {dc}: {refusal}"));
         }
@@ -253,10 +317,16 @@ pub fn check_pool_edit(old: Option<&IPAMPool>, new: Option<&IPAMPool>) -> Vec<St
 
 /// Why an IPAMAllocation written (or edited) by anyone but the allocator must be refused: the
 /// consistency check the proposal asks of a validating webhook. A request (no addresses) is
-/// fine when its pool serves its datacenter; an allocation must fit its pool, overlap no
-/// cluster the pool has a record of, and, when the pool holds a record for this namespace, be
-/// that record. Empty when the object is allowed.
-pub fn check_allocation_object(pool: &IPAMPool, object: &IPAMAllocation) -> Vec<String> {
+/// fine when its pool serves its datacenter; an allocation must fit its pool and, when the
+/// pool holds a record for this namespace, be that record. One the pool has a record of must
+/// overlap no other record; one it has no record of must overlap no allocation holding
+/// addresses, recorded or among `objects` (the pool's IPAMAllocations; see [`holders`]).
+/// Empty when the object is allowed.
+pub fn check_allocation_object(
+    pool: &IPAMPool,
+    object: &IPAMAllocation,
+    objects: &[IPAMAllocation],
+) -> Vec<String> {
     let name = pool.metadata.name.clone().unwrap_or_default();
     let ns = object.metadata.namespace.clone().unwrap_or_default();
     let dc = &object.spec.dc;
@@ -300,7 +370,15 @@ pub fn check_allocation_object(pool: &IPAMPool, object: &IPAMAllocation) -> Vec<
             "IPAMAllocation {ns}/{name} holds {allocation} from datacenter {dc}, but IPAMPool {name} records {record} from datacenter {record_dc} for this namespace: the allocator writes this object from the pool's record; delete it to have it written again"
         )];
     }
-    check_allocation(&checked, &in_datacenter(&held, dc), &ns, &allocation)
+    // A record was checked against every holder when it was written: an IPAMAllocation that
+    // came in since without a record (past a webhook that was down) must not keep the
+    // allocator from writing the record's object; that one is refused on its own.
+    let others = if held.contains_key(&ns) {
+        in_datacenter(&held, dc)
+    } else {
+        holders(&held, of_pool(&name, objects), dc)
+    };
+    check_allocation(&checked, &others, &ns, &allocation)
         .into_iter()
         .map(|p| format!("IPAMAllocation {ns}/{name} ({allocation}): {p}"))
         .collect()

@@ -6,8 +6,8 @@
 //! namespace and as a key of the ConfigMap [`CONFIG_MAP`] there.
 //!
 //! - [`decide`](mod@decide): the pure decisions on top of core's arithmetic (the `deprecated`
-//!   flag, a pool's records, adopting an allocation made elsewhere, the pool-edit check the
-//!   webhook will run);
+//!   flag, a pool's records, adopting an allocation made elsewhere, every IPAMAllocation that
+//!   holds addresses counted as taken, the checks the webhook runs);
 //! - [`plan`](mod@plan): a whole fleet offline, for `allotctl fleet plan`;
 //! - [`api`]: [`allocate`], [`release`] and [`sync`] against the API. Each allocation is one
 //!   compare-and-swap on the pool's record (`IPAMPool.status.allocations`) before anything else

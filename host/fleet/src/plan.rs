@@ -51,8 +51,9 @@ impl Plan {
 }
 
 /// Plans every cluster against every pool. `existing` are IPAMAllocation objects to keep (each
-/// named after its pool, in its cluster's namespace): they count as held when the pool's status
-/// has no record for that namespace.
+/// named after its pool, in its cluster's namespace): one whose namespace the pool's status has
+/// no record of is adopted when it fits, and counts as taken from the start either way, so no
+/// cluster is grown or served into its addresses (its cluster may be using them).
 pub fn plan(pools: &[IPAMPool], existing: &[IPAMAllocation], clusters: &[FleetCluster]) -> Plan {
     let mut out = Plan::default();
     let mut by_name: BTreeMap<String, &IPAMPool> = BTreeMap::new();
@@ -156,13 +157,28 @@ fn plan_pool(
         let mut existing: BTreeMap<String, Allocation> =
             in_datacenter(&held, dc).into_iter().collect();
         let checked = FleetPool::try_from(entry).ok();
-        let mut taken = checked.as_ref().map(|p| Taken::new(p.family()));
-        if let (Some(checked), Some(taken)) = (&checked, &mut taken) {
+        if let Some(checked) = &checked {
             check_held(out, name, dc, checked, &existing);
-            existing.values().for_each(|a| taken.add(a));
         }
-        // Clusters holding an allocation the pool has no record of come first, so that
-        // nobody new is handed their addresses before they are adopted.
+        // Every allocation holding addresses is taken before anyone is decided: an
+        // IPAMAllocation not yet adopted (or never adoptable) is still in use by its cluster.
+        existing.extend(
+            adopted
+                .iter()
+                .filter(|(_, (d, _))| d == dc)
+                .map(|(ns, (_, a))| (ns.clone(), a.clone())),
+        );
+        let mut taken = checked.as_ref().map(|p| Taken::new(p.family()));
+        let mut overlapping = BTreeSet::new();
+        if let Some(taken) = &mut taken {
+            existing.values().for_each(|a| taken.add(a));
+            overlapping = overlaps(taken.family, &existing)
+                .into_iter()
+                .flat_map(|(a, b)| [a.to_string(), b.to_string()])
+                .collect();
+        }
+        // Clusters holding an allocation the pool has no record of come first, as `sync`
+        // adopts them first.
         let mut asking: Vec<&&FleetCluster> = clusters
             .iter()
             .filter(|c| c.datacenter == *dc && c.asks(name, true))
@@ -178,22 +194,23 @@ fn plan_pool(
                 (None, None) => Current::None,
             };
             // The other clusters as one merged set: core needs to know what is taken, not by
-            // whom, so the cost of a decision does not grow with the fleet. A refused adoption
-            // is decided again against the clusters one by one, to name the one it overlaps.
+            // whom, so the cost of a decision does not grow with the fleet. An allocation to
+            // adopt is in that set itself and is taken out of it, unless it overlaps another
+            // holder: then the clusters are listed one by one, to name the one it overlaps.
             let all = || {
                 existing
                     .iter()
                     .map(|(n, a)| (n.clone(), a.clone()))
                     .collect()
             };
-            let merged: Vec<(String, Allocation)> = match &taken {
-                Some(t) => t.as_existing(),
-                None => all(),
+            let others: Vec<(String, Allocation)> = match (&taken, current) {
+                (Some(t), Current::Adopted(a)) if !overlapping.contains(ns) => {
+                    t.without(a).as_existing()
+                }
+                (Some(t), Current::Recorded(_) | Current::None) => t.as_existing(),
+                _ => all(),
             };
-            let mut outcome = decide(name, dc, entry, &merged, ns, current);
-            if let Err(Refusal::Inconsistent { .. }) = outcome {
-                outcome = decide(name, dc, entry, &all(), ns, current);
-            }
+            let outcome = decide(name, dc, entry, &others, ns, current);
             if let Ok((allocation, _)) = &outcome {
                 if let Some(t) = &mut taken {
                     t.add(allocation);
@@ -229,7 +246,7 @@ fn plan_pool(
 }
 
 /// Warns about held allocations that do not fit their pool (excluded, outside, wrong type) or
-/// overlap each other: one sort, not a comparison of every pair.
+/// overlap each other.
 fn check_held(
     out: &mut Plan,
     pool: &str,
@@ -237,14 +254,26 @@ fn check_held(
     checked: &FleetPool,
     held: &BTreeMap<String, Allocation>,
 ) {
-    let family = checked.family();
-    let mut runs: Vec<(u128, u128, &str)> = Vec::new();
     for (ns, a) in held {
         for problem in check_allocation(checked, &[], ns, a) {
             out.warnings.push(format!(
                 "IPAMPool {pool} datacenter {dc}: the allocation of {ns} ({a}): {problem}"
             ));
         }
+    }
+    for (other, ns) in overlaps(checked.family(), held) {
+        out.warnings.push(format!(
+            "IPAMPool {pool} datacenter {dc}: the allocations of {other} and {ns} overlap: release one of them"
+        ));
+    }
+}
+
+/// Pairs of `held` allocations that overlap, found with one sort rather than a comparison of
+/// every pair: each allocation that overlaps another is named in at least one pair (an
+/// allocation's own runs never overlap each other).
+fn overlaps(family: IpFamily, held: &BTreeMap<String, Allocation>) -> Vec<(&str, &str)> {
+    let mut runs: Vec<(u128, u128, &str)> = Vec::new();
+    for (ns, a) in held {
         runs.extend(
             Taken::runs(family, a)
                 .into_iter()
@@ -252,13 +281,12 @@ fn check_held(
         );
     }
     runs.sort_unstable();
+    let mut pairs = Vec::new();
     let mut reach: Option<(u128, &str)> = None;
     for (lo, hi, ns) in runs {
         match reach {
             Some((end, other)) if lo <= end && other != ns => {
-                out.warnings.push(format!(
-                    "IPAMPool {pool} datacenter {dc}: the allocations of {other} and {ns} overlap: release one of them"
-                ));
+                pairs.push((other, ns));
                 if hi > end {
                     reach = Some((hi, ns));
                 }
@@ -267,6 +295,7 @@ fn check_held(
             _ => reach = Some((hi, ns)),
         }
     }
+    pairs
 }
 
 /// Every address held in one datacenter, as merged runs of the pool's family.
@@ -323,6 +352,31 @@ impl Taken {
             }
             self.runs.insert(lo, hi);
         }
+    }
+
+    /// The set less `a`'s runs, each of which lies within one run of the set (`a` was added
+    /// and overlaps nobody else's).
+    fn without(&self, a: &Allocation) -> Taken {
+        let mut left = Taken {
+            family: self.family,
+            runs: self.runs.clone(),
+        };
+        for (lo, hi) in Taken::runs(self.family, a) {
+            let Some((&start, &end)) = left.runs.range(..=lo).next_back() else {
+                continue;
+            };
+            if end < lo {
+                continue;
+            }
+            left.runs.remove(&start);
+            if start < lo {
+                left.runs.insert(start, lo - 1);
+            }
+            if hi < end {
+                left.runs.insert(hi + 1, end);
+            }
+        }
+        left
     }
 
     /// The set as one allocation held by nobody a namespace can be called.

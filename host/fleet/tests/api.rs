@@ -308,7 +308,7 @@ async fn a_larger_allocation_range_grows_clusters_by_disjoint_runs() {
         p.spec.datacenters.get_mut("dc1").unwrap().allocation_range = Some(6)
     })
     .await;
-    assert!(check_pool_edit(Some(&before), Some(&pool(&client, "lb").await)).is_empty());
+    assert!(check_pool_edit(Some(&before), Some(&pool(&client, "lb").await), &[]).is_empty());
     let a = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
         .await
         .unwrap();
@@ -345,7 +345,7 @@ async fn a_shorter_allocation_prefix_is_refused_and_the_prefix_kept() {
     .await;
     let after = pool(&client, "nodes").await;
     // The webhook's check refuses the edit ...
-    let refused = check_pool_edit(Some(&before), Some(&after));
+    let refused = check_pool_edit(Some(&before), Some(&after), &[]);
     assert_eq!(
         refused,
         [
@@ -533,9 +533,11 @@ async fn a_pool_created_again_rewrites_what_its_predecessor_wrote() {
     let a = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
         .await
         .unwrap();
+    // cluster-a's grows past what cluster-b and cluster-c still hold (their IPAMAllocations,
+    // which the new pool has no record of yet).
     assert_eq!(
         a.spec.addresses,
-        ["10.0.0.9-10.0.0.12", "10.0.0.1-10.0.0.2"]
+        ["10.0.0.9-10.0.0.12", "10.0.0.13-10.0.0.14"]
     );
     let stored: IPAMAllocation = Api::namespaced(client.clone(), "cluster-a")
         .get("lb")
@@ -584,5 +586,103 @@ async fn an_allocation_recorded_but_not_written_is_written_on_the_next_call() {
     assert_eq!(
         config_map(&client, "cluster-a").await["lb"],
         "10.0.0.1-10.0.0.4"
+    );
+}
+
+/// Every IPAMAllocation holding addresses counts as taken, recorded or not. Another tool
+/// (Kubermatic, someone migrating a cluster in) created cluster-b's while cluster-a was
+/// recorded: growing cluster-a and serving cluster-c leave cluster-b's addresses alone, and
+/// sync then adopts cluster-b as it is and grows it past everyone.
+#[tokio::test]
+async fn an_ipamallocation_the_pool_has_no_record_of_is_never_handed_out_again() {
+    let server = ApiServer::new();
+    server.insert(
+        "ipampools",
+        pool_object(
+            "lb",
+            json!({"dc1": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4}}),
+        ),
+    );
+    let client = server.client();
+    let a = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
+        .await
+        .unwrap();
+    assert_eq!(a.spec.addresses, ["10.0.0.1-10.0.0.4"]);
+    server.insert(
+        "ipamallocations",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPAMAllocation",
+               "metadata": {"name": "lb", "namespace": "cluster-b"},
+               "spec": {"type": "range", "dc": "dc1", "addresses": ["10.0.0.5-10.0.0.8"]}}),
+    );
+    edit(&client, "lb", |p| {
+        p.spec.datacenters.get_mut("dc1").unwrap().allocation_range = Some(6)
+    })
+    .await;
+    let a = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        a.spec.addresses,
+        ["10.0.0.1-10.0.0.4", "10.0.0.9-10.0.0.10"]
+    );
+    let c = allocate(&client, "lb", &cluster("cluster-c", "dc1"))
+        .await
+        .unwrap();
+    assert_eq!(c.spec.addresses, ["10.0.0.11-10.0.0.16"]);
+    let clusters = ["cluster-a", "cluster-b", "cluster-c"].map(|ns| cluster(ns, "dc1"));
+    let report = sync(&client, "lb", &clusters).await.unwrap();
+    let b = report.allocated["cluster-b"].as_ref().unwrap();
+    assert_eq!(
+        b.spec.addresses,
+        ["10.0.0.5-10.0.0.8", "10.0.0.17-10.0.0.18"]
+    );
+    let record = pool(&client, "lb").await.status.unwrap();
+    assert_eq!(record.allocations.len(), 3);
+    // Nobody shares an address.
+    let mut seen = BTreeSet::new();
+    for spec in record.allocations.values() {
+        for run in &spec.addresses {
+            let (first, last) = run.split_once('-').unwrap();
+            let (first, last): (std::net::Ipv4Addr, std::net::Ipv4Addr) =
+                (first.parse().unwrap(), last.parse().unwrap());
+            for n in u32::from(first)..=u32::from(last) {
+                assert!(seen.insert(n), "{} held twice", std::net::Ipv4Addr::from(n));
+            }
+        }
+    }
+}
+
+/// A prefix pool hands out its first and last prefixes too, and keeps a cluster migrating in
+/// with the pool's first prefix.
+#[tokio::test]
+async fn a_prefix_pool_serves_its_first_and_last_prefix() {
+    let server = ApiServer::new();
+    server.insert(
+        "ipampools",
+        pool_object(
+            "nodes",
+            json!({"dc1": {"type": "prefix", "poolCidr": "10.0.0.0/23", "allocationPrefix": 24}}),
+        ),
+    );
+    server.insert(
+        "ipamallocations",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPAMAllocation",
+               "metadata": {"name": "nodes", "namespace": "cluster-migrated"},
+               "spec": {"type": "prefix", "dc": "dc1", "cidr": "10.0.0.0/24"}}),
+    );
+    let client = server.client();
+    let clusters = ["cluster-migrated", "cluster-new"].map(|ns| cluster(ns, "dc1"));
+    let report = sync(&client, "nodes", &clusters).await.unwrap();
+    let got: BTreeMap<&str, Option<String>> = report
+        .allocated
+        .iter()
+        .map(|(ns, r)| (ns.as_str(), r.as_ref().unwrap().spec.cidr.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        BTreeMap::from([
+            ("cluster-migrated", Some("10.0.0.0/24".to_string())),
+            ("cluster-new", Some("10.0.1.0/24".to_string())),
+        ])
     );
 }

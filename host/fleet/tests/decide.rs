@@ -28,7 +28,7 @@ fn edited(from: &str, to: &str) -> IPAMPool {
 #[test]
 fn edits_that_would_strand_a_cluster_are_refused_with_the_reason() {
     let old = pool(HELD);
-    let refused = |new: &IPAMPool| check_pool_edit(Some(&old), Some(new));
+    let refused = |new: &IPAMPool| check_pool_edit(Some(&old), Some(new), &[]);
     assert!(
         refused(&edited(
             "allocationRange: 4}\n    dc2",
@@ -76,7 +76,7 @@ fn edits_that_would_strand_a_cluster_are_refused_with_the_reason() {
         ]
     );
     // Deleting the pool while clusters hold allocations.
-    assert_eq!(check_pool_edit(Some(&old), None).len(), 1);
+    assert_eq!(check_pool_edit(Some(&old), None, &[]).len(), 1);
 }
 
 fn cluster(ns: &str, dc: &str) -> FleetCluster {
@@ -278,9 +278,9 @@ fn an_allocation_object_must_fit_its_pool_and_its_record() {
         ),
     ];
     for o in &ok {
-        assert!(check_allocation_object(&p, o).is_empty(), "{o:?}");
+        assert!(check_allocation_object(&p, o, &[]).is_empty(), "{o:?}");
     }
-    let refused = |o: IPAMAllocation| check_allocation_object(&p, &o).join("; ");
+    let refused = |o: IPAMAllocation| check_allocation_object(&p, &o, &[]).join("; ");
     assert_eq!(
         refused(object(
             "cluster-b",
@@ -305,5 +305,235 @@ fn an_allocation_object_must_fit_its_pool_and_its_record() {
     assert_eq!(
         refused(object("cluster-b", "{dc: dc7}")),
         "IPAMPool lb has no entry for datacenter dc7: add spec.datacenters.dc7, or fix the cluster's datacenter"
+    );
+}
+
+fn ipam_allocation(ns: &str, spec: &str) -> IPAMAllocation {
+    serde_yaml::from_str(&format!(
+        "apiVersion: allot.dev/v1alpha1\nkind: IPAMAllocation\nmetadata: {{name: lb, namespace: {ns}}}\nspec: {spec}\n"
+    ))
+    .unwrap()
+}
+
+fn shown(planned: &allot_fleet::Plan) -> Vec<(String, String)> {
+    planned
+        .entries
+        .iter()
+        .map(|e| {
+            let what = match &e.outcome {
+                Ok((a, change)) => format!("{a} {change}"),
+                Err(refusal) => format!("refused: {refusal}"),
+            };
+            (e.namespace.clone(), what)
+        })
+        .collect()
+}
+
+/// Kubermatic made both allocations (the pool has no record of either), or only the one of
+/// cluster-b is missing from the record: raising allocationRange grows each cluster into
+/// addresses nobody holds, never into its neighbour's.
+#[test]
+fn growing_a_range_never_takes_addresses_another_cluster_holds() {
+    let grown = pool(
+        "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  datacenters:
+    dc1: {type: range, poolCidr: 10.0.0.0/24, allocationRange: 6}
+",
+    );
+    let a = ipam_allocation(
+        "cluster-a",
+        "{type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.4]}",
+    );
+    let b = ipam_allocation(
+        "cluster-b",
+        "{type: range, dc: dc1, addresses: [10.0.0.5-10.0.0.8]}",
+    );
+    let clusters = [cluster("cluster-a", "dc1"), cluster("cluster-b", "dc1")];
+    let row = |ns: &str, what: &str| (ns.to_string(), what.to_string());
+    let expected = [
+        row("cluster-a", "10.0.0.1-10.0.0.4,10.0.0.9-10.0.0.10 grown"),
+        row("cluster-b", "10.0.0.5-10.0.0.8,10.0.0.11-10.0.0.12 grown"),
+    ];
+    let planned = plan(
+        std::slice::from_ref(&grown),
+        &[a.clone(), b.clone()],
+        &clusters,
+    );
+    assert_eq!(shown(&planned), expected);
+    assert!(planned.warnings.is_empty(), "{:?}", planned.warnings);
+
+    // cluster-a recorded, cluster-b's IPAMAllocation created meanwhile by another tool.
+    let mut recorded = grown.clone();
+    recorded.status = Some(allot_k8s::IPAMPoolStatus {
+        allocations: [("cluster-a".to_string(), a.spec.clone())].into(),
+        ..Default::default()
+    });
+    let planned = plan(
+        std::slice::from_ref(&recorded),
+        std::slice::from_ref(&b),
+        &clusters,
+    );
+    // cluster-b is adopted first (as the controller's sync does), so it grows first.
+    assert_eq!(
+        shown(&planned),
+        [
+            row("cluster-a", "10.0.0.1-10.0.0.4,10.0.0.11-10.0.0.12 grown"),
+            row("cluster-b", "10.0.0.5-10.0.0.8,10.0.0.9-10.0.0.10 grown"),
+        ]
+    );
+
+    // Growth that does not fit is refused for that cluster alone, which keeps its addresses.
+    let tight = pool(
+        "apiVersion: allot.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  datacenters:
+    dc1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 8}
+",
+    );
+    let planned = plan(&[tight], &[a, b], &clusters);
+    assert_eq!(
+        shown(&planned),
+        [
+            row("cluster-a", "10.0.0.1-10.0.0.4,10.0.0.9-10.0.0.12 grown"),
+            row(
+                "cluster-b",
+                "refused: IPAMPool lb datacenter dc1: cluster cluster-b: poolCidr 10.0.0.0/28 has 2 free addresses, the cluster needs 4 more: widen the pool with another IPAMPool, or release clusters"
+            ),
+        ]
+    );
+}
+
+/// Every IPAMAllocation holding addresses counts as taken, adopted or not: a new cluster is
+/// never handed what one holds, even one that cannot be adopted, and of two that overlap
+/// neither is adopted, each refused naming the other.
+#[test]
+fn a_plan_hands_nobody_what_an_unrecorded_allocation_holds() {
+    let p = pool(HELD);
+    let objects = [
+        // Overlaps cluster-a's record: not adopted, yet its cluster still uses 10.0.0.5-6.
+        ipam_allocation(
+            "cluster-legacy",
+            "{type: range, dc: dc1, addresses: [10.0.0.3-10.0.0.6]}",
+        ),
+        ipam_allocation(
+            "cluster-x",
+            "{type: range, dc: dc1, addresses: [10.0.0.20-10.0.0.23]}",
+        ),
+        ipam_allocation(
+            "cluster-y",
+            "{type: range, dc: dc1, addresses: [10.0.0.22-10.0.0.25]}",
+        ),
+    ];
+    let clusters = [
+        cluster("cluster-a", "dc1"),
+        cluster("cluster-aa", "dc1"),
+        cluster("cluster-legacy", "dc1"),
+        cluster("cluster-x", "dc1"),
+        cluster("cluster-y", "dc1"),
+    ];
+    let planned = plan(&[p], &objects, &clusters);
+    let row = |ns: &str, what: &str| (ns.to_string(), what.to_string());
+    let refused = |ns: &str, held: &str, shared: &str, other: &str| {
+        row(
+            ns,
+            &format!(
+                "refused: IPAMAllocation {ns}/lb holds {held}, which IPAMPool lb cannot keep: {shared} are also held by cluster {other}; delete the IPAMAllocation to get a new allocation, or fix the pool"
+            ),
+        )
+    };
+    assert_eq!(
+        shown(&planned),
+        [
+            row("cluster-a", "10.0.0.1-10.0.0.4 kept"),
+            row("cluster-aa", "10.0.0.7-10.0.0.10 new"),
+            refused(
+                "cluster-legacy",
+                "10.0.0.3-10.0.0.6",
+                "10.0.0.3-10.0.0.4",
+                "cluster-a"
+            ),
+            refused(
+                "cluster-x",
+                "10.0.0.20-10.0.0.23",
+                "10.0.0.22-10.0.0.23",
+                "cluster-y"
+            ),
+            refused(
+                "cluster-y",
+                "10.0.0.22-10.0.0.25",
+                "10.0.0.22-10.0.0.23",
+                "cluster-x"
+            ),
+        ]
+    );
+}
+
+/// The webhook's checks count every IPAMAllocation holding addresses, not only the records:
+/// cluster-k's was made by Kubermatic and the pool has no record of it.
+#[test]
+fn the_webhook_checks_count_allocations_the_pool_has_no_record_of() {
+    use allot_fleet::check_allocation_object;
+    let p = pool(HELD);
+    let kubermatic = ipam_allocation(
+        "cluster-k",
+        "{type: range, dc: dc1, addresses: [10.0.0.5-10.0.0.8]}",
+    );
+    let objects = std::slice::from_ref(&kubermatic);
+    let over = ipam_allocation(
+        "cluster-b",
+        "{type: range, dc: dc1, addresses: [10.0.0.7-10.0.0.10]}",
+    );
+    assert_eq!(
+        check_allocation_object(&p, &over, objects),
+        [
+            "IPAMAllocation cluster-b/lb (10.0.0.7-10.0.0.10): 10.0.0.7-10.0.0.8 are also held by cluster cluster-k"
+        ]
+    );
+    // Its own object is not judged against itself; a request holds nothing.
+    assert!(check_allocation_object(&p, &kubermatic, objects).is_empty());
+    let request = ipam_allocation("cluster-r", "{dc: dc1}");
+    assert!(
+        check_allocation_object(&p, &request, &[kubermatic.clone(), request.clone()]).is_empty()
+    );
+    // A recorded allocation is judged against the records only: it was there first, and the
+    // allocator must be able to write its object.
+    let intruder = ipam_allocation(
+        "cluster-i",
+        "{type: range, dc: dc1, addresses: [10.0.0.3-10.0.0.4]}",
+    );
+    let recorded = ipam_allocation(
+        "cluster-a",
+        "{type: range, dc: dc1, addresses: [10.0.0.1-10.0.0.4]}",
+    );
+    assert!(check_allocation_object(&p, &recorded, &[intruder]).is_empty());
+
+    let excluding = edited(
+        "allocationRange: 4}\n    dc2",
+        "allocationRange: 4, excludeRanges: [10.0.0.6]}\n    dc2",
+    );
+    assert_eq!(
+        check_pool_edit(Some(&p), Some(&excluding), objects),
+        [
+            "IPAMPool lb datacenter dc1: cluster cluster-k holds 10.0.0.6, which the new exclusions cover: release or move that cluster first, or exclude other addresses"
+        ]
+    );
+    // An IPAMAllocation of another pool, or from another datacenter, is not this one's.
+    let mut elsewhere = kubermatic.clone();
+    elsewhere.spec.dc = "dc2".into();
+    let mut other_pool = kubermatic.clone();
+    other_pool.metadata.name = Some("nodes".into());
+    assert!(check_pool_edit(Some(&p), Some(&excluding), &[elsewhere, other_pool]).is_empty());
+    let mut emptied = p.clone();
+    emptied.status = None;
+    assert_eq!(
+        check_pool_edit(Some(&emptied), None, objects),
+        [
+            "IPAMPool lb datacenter dc1: clusters cluster-k still hold allocations from this datacenter's pool: delete those clusters (or their allocations) first"
+        ]
     );
 }

@@ -84,6 +84,7 @@ async fn a_new_cluster_gets_its_range_recorded_written_and_projected() {
         200,
         pool(json!({"hamburg": hamburg(false)}), json!({}), 0),
     );
+    expect_listed(&mut v, vec![request.clone()]).await;
     let (body, send) = v.expect("PUT", &format!("{POOLS}/metallb/status")).await;
     assert_eq!(body["metadata"]["resourceVersion"], "50");
     let record = range_record("hamburg", &["10.0.0.2-10.0.0.5"]);
@@ -264,6 +265,7 @@ async fn a_cluster_moved_to_another_datacenter_of_the_pool_gets_its_range_there(
     answer(send, 200, object.clone());
     let (_, send) = v.expect("GET", &format!("{POOLS}/metallb")).await;
     answer(send, 200, pool(both.clone(), json!({"cluster-a": old}), 1));
+    expect_listed(&mut v, vec![object.clone()]).await;
     // One compare-and-swap replaces the hamburg record with one from berlin's CIDR.
     let (body, send) = v.expect("PUT", &format!("{POOLS}/metallb/status")).await;
     let new = range_record("berlin", &["10.9.0.1-10.9.0.4"]);
@@ -371,6 +373,7 @@ async fn an_explicit_request_is_filled_in() {
         200,
         pool(json!({"hamburg": hamburg(false)}), json!({}), 0),
     );
+    expect_listed(&mut v, vec![request.clone()]).await;
     let (body, send) = v.expect("PUT", &format!("{POOLS}/metallb/status")).await;
     let record = range_record("hamburg", &["10.0.0.2-10.0.0.5"]);
     assert_eq!(body["status"]["allocations"], json!({"edge": record}));
@@ -518,6 +521,50 @@ async fn a_deprecated_pool_keeps_its_clusters_and_refuses_a_new_one_once() {
     assert!(wants(&i).is_empty());
 }
 
+/// A refusal is decided, as `allocate` decides it, against every allocation holding addresses,
+/// recorded or not: with it in the status, the cluster is left alone on the next pass.
+#[test]
+fn a_refusal_that_counts_an_unrecorded_allocation_is_not_repeated() {
+    let small = json!({"type": "range", "poolCidr": "10.0.0.0/29", "allocationRange": 4});
+    let record = range_record("hamburg", &["10.0.0.1-10.0.0.4"]);
+    let message = "IPAMPool metallb datacenter hamburg: cluster cluster-b: poolCidr 10.0.0.0/29 has 0 free addresses, the cluster needs 4 more: widen the pool with another IPAMPool, or release clusters";
+    let i = index(
+        vec![pool(
+            json!({"hamburg": small}),
+            json!({"cluster-a": record}),
+            1,
+        )],
+        vec![
+            allocation("cluster-a", Some("shop"), record.clone(), allocated(1)),
+            // Made by another tool, in a namespace of its own: the pool has no record of it.
+            allocation(
+                "edge",
+                None,
+                range_record("hamburg", &["10.0.0.5-10.0.0.6"]),
+                Value::Null,
+            ),
+            allocation(
+                "cluster-b",
+                Some("lab"),
+                json!({"dc": "hamburg"}),
+                json!({"state": "Refused", "message": message}),
+            ),
+        ],
+        Some(vec![
+            cluster("cluster-a", "shop", Some("hamburg")),
+            cluster("cluster-b", "lab", Some("hamburg")),
+        ]),
+        vec![config_map(
+            "cluster-a",
+            json!({"metallb": "10.0.0.1-10.0.0.4"}),
+        )],
+    );
+    let work = wants(&i);
+    // Only edge's is adopted; cluster-b is refused as its status says.
+    assert_eq!(work.allocations.len(), 1, "{work:?}");
+    assert_eq!(work.allocations[0].cluster.namespace, "edge");
+}
+
 #[tokio::test]
 async fn a_replica_that_does_not_lead_writes_nothing() {
     let i = index(
@@ -656,6 +703,7 @@ async fn an_allocation_made_before_allot_is_adopted_and_labelled_for_its_cluster
         200,
         pool(json!({"hamburg": hamburg(false)}), json!({}), 0),
     );
+    expect_listed(&mut v, vec![migrated.clone()]).await;
     let (body, send) = v.expect("PUT", &format!("{POOLS}/metallb/status")).await;
     assert_eq!(
         body["status"]["allocations"],

@@ -4,7 +4,7 @@
 use allot_index::{
     CapiClusterObject, FleetIndex, IndexResource, IpamAllocationObject, IpamPoolObject,
 };
-use allot_test_apiserver::verifier::{ApiServerVerifier, mock_client};
+use allot_test_apiserver::verifier::{ApiServerVerifier, answer, mock_client};
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -153,6 +153,24 @@ pub(super) fn pass(
         let outcome = r.pass(work).await;
         (r, outcome)
     })
+}
+
+/// `allocate` listing the pool's IPAMAllocations (a new, grown or adopted allocation is decided
+/// against every one that holds addresses), answered with `items`.
+pub(super) async fn expect_listed(v: &mut ApiServerVerifier, items: Vec<Value>) {
+    let (method, uri, _, send) = v.next().await.expect("the list of IPAMAllocations");
+    assert_eq!(method, "GET");
+    assert!(
+        uri.starts_with("/apis/allot.dev/v1alpha1/ipamallocations?")
+            && uri.contains("fieldSelector=metadata.name%3Dmetallb"),
+        "{uri}"
+    );
+    answer(
+        send,
+        200,
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPAMAllocationList",
+               "metadata": {"resourceVersion": "60"}, "items": items}),
+    );
 }
 
 /// `body` as the API server returns it after a write.

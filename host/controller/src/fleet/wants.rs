@@ -29,7 +29,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::fleet::{Allocation, FleetPool, allocate};
-use allot_fleet::decide::{in_datacenter, records};
+use allot_fleet::decide::{holders, records};
 use allot_fleet::{Current, FleetCluster, Refusal, decide};
 use allot_index::fleet::CLUSTER_NAME_LABEL;
 use allot_index::{ClusterEntry, FleetAllocationEntry, FleetIndex, FleetPoolEntry};
@@ -413,6 +413,7 @@ pub fn wants(index: &FleetIndex) -> Work {
                 pool,
                 entry: p,
                 records: &recorded,
+                objects: &named,
                 checked: &checked,
                 object,
                 config_map,
@@ -484,6 +485,8 @@ struct State<'a> {
     pool: &'a str,
     entry: &'a FleetPoolEntry,
     records: &'a BTreeMap<String, (String, Allocation)>,
+    /// The pool's IPAMAllocations, by namespace.
+    objects: &'a [(&'a str, &'a FleetAllocationEntry)],
     checked: &'a BTreeMap<&'a str, Option<FleetPool>>,
     object: Option<&'a FleetAllocationEntry>,
     config_map: Option<&'a String>,
@@ -541,13 +544,15 @@ impl State<'_> {
             return (!(written && projected)).then_some(false);
         }
         let adopting = matches!(current, Current::Adopted(_));
-        // Refused as the status already says: decided against the others, as allocate would.
+        // Refused as the status already says: decided against the others, as allocate would
+        // (every allocation holding addresses, recorded or not).
         if let Some(o) = self.object
             && o.status
                 .as_ref()
                 .is_some_and(|s| s.state == Some(AllocationState::Refused))
         {
-            let existing = in_datacenter(self.records, dc);
+            let objects = self.objects.iter().map(|(ns, o)| (*ns, &o.spec));
+            let existing = holders(self.records, objects, dc);
             if let Err(refusal) = decide(self.pool, dc, entry, &existing, ns, current)
                 && refused_as(o, &refusal.to_string())
             {

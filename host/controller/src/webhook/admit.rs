@@ -103,6 +103,25 @@ impl Lookup {
         let api: Api<IPAMPool> = Api::all(self.client.clone());
         timed(&format!("reading IPAMPool {name}"), api.get_opt(name)).await
     }
+
+    /// The IPAMAllocations of IPAMPool `pool` (each is named after its pool), in pages: every
+    /// one holding addresses counts, whether the pool has a record of it or not.
+    async fn ipam_allocations(&self, pool: &str) -> Result<Vec<IPAMAllocation>, String> {
+        let api: Api<IPAMAllocation> = Api::all(self.client.clone());
+        let what = format!("listing the IPAMAllocations of IPAMPool {pool}");
+        let mut params = ListParams::default()
+            .fields(&format!("metadata.name={pool}"))
+            .limit(500);
+        let mut out = Vec::new();
+        loop {
+            let page = timed(&what, api.list(&params)).await?;
+            out.extend(page.items);
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => return Ok(out),
+            }
+        }
+    }
 }
 
 async fn timed<T>(
@@ -112,7 +131,7 @@ async fn timed<T>(
     match tokio::time::timeout(READ_TIMEOUT, call).await {
         Ok(Ok(t)) => Ok(t),
         Ok(Err(kube::Error::Api(s))) if s.code == 403 => Err(format!(
-            "{what}: {}; the controller's ServiceAccount needs list on ippools and subnets and get on ipampools",
+            "{what}: {}; the controller's ServiceAccount needs list on ippools, subnets and ipamallocations and get on ipampools",
             s.message
         )),
         Ok(Err(e)) => Err(format!("{what}: {e}")),
@@ -155,7 +174,7 @@ pub async fn validate(
             "IPPool" => ippool(request, lookup).await,
             "Subnet" => subnet(request, lookup).await,
             "ReservedIP" => reserved_ip(request, lookup).await,
-            "IPAMPool" => ipam_pool(request),
+            "IPAMPool" => ipam_pool(request, lookup).await,
             "IPAMAllocation" => ipam_allocation(request, lookup).await,
             _ => Verdict::default(),
         }
@@ -345,7 +364,7 @@ async fn reserved_ip(request: &AdmissionRequest<DynamicObject>, lookup: &Lookup)
     }
 }
 
-fn ipam_pool(request: &AdmissionRequest<DynamicObject>) -> Verdict {
+async fn ipam_pool(request: &AdmissionRequest<DynamicObject>, lookup: &Lookup) -> Verdict {
     let (old, new) = match decode::<IPAMPool>(request) {
         Ok(pair) => pair,
         Err(e) => return Verdict::refuse(e),
@@ -355,7 +374,19 @@ fn ipam_pool(request: &AdmissionRequest<DynamicObject>) -> Verdict {
     {
         return Verdict::default();
     }
-    Verdict::refusals(allot_fleet::check_pool_edit(old.as_ref(), new.as_ref()))
+    let name = new
+        .as_ref()
+        .or(old.as_ref())
+        .and_then(|p| p.metadata.name.clone())
+        .unwrap_or_else(|| request.name.clone());
+    match lookup.ipam_allocations(&name).await {
+        Ok(objects) => Verdict::refusals(allot_fleet::check_pool_edit(
+            old.as_ref(),
+            new.as_ref(),
+            &objects,
+        )),
+        Err(e) => Verdict::refuse(cannot_check(&e)),
+    }
 }
 
 async fn ipam_allocation(request: &AdmissionRequest<DynamicObject>, lookup: &Lookup) -> Verdict {
@@ -371,7 +402,12 @@ async fn ipam_allocation(request: &AdmissionRequest<DynamicObject>, lookup: &Loo
     }
     let name = new.metadata.name.clone().unwrap_or_default();
     match lookup.ipam_pool(&name).await {
-        Ok(Some(pool)) => Verdict::refusals(allot_fleet::check_allocation_object(&pool, &new)),
+        Ok(Some(pool)) => match lookup.ipam_allocations(&name).await {
+            Ok(objects) => {
+                Verdict::refusals(allot_fleet::check_allocation_object(&pool, &new, &objects))
+            }
+            Err(e) => Verdict::refuse(cannot_check(&e)),
+        },
         Ok(None) => Verdict::refuse(format!(
             "IPAMAllocation {}/{name}: there is no IPAMPool {name}: an IPAMAllocation is named after the IPAMPool it comes from; create the pool first",
             new.metadata.namespace.as_deref().unwrap_or_default()

@@ -209,7 +209,7 @@ pub fn check_allocation(
             addresses: Shown::runs(family, &excluded),
         });
     }
-    if matches!(pool.cidr, IpNet::V4(n) if n.prefix_len() < 31) {
+    if pool.keeps_edges() {
         let edges = intersect(
             &runs,
             &merge(vec![(bounds.0, bounds.0), (bounds.1, bounds.1)]),

@@ -164,7 +164,10 @@ fn check_invariants(
 ) -> Result<(), TestCaseError> {
     let cidr = pool.cidr();
     let (net, bcast) = (addr_to_u128(cidr.network()), addr_to_u128(cidr.broadcast()));
-    let edges = matches!(cidr, IpNet::V4(n) if n.prefix_len() < 31);
+    // Only a range pool keeps its IPv4 network and broadcast addresses back: a prefix pool's
+    // subnets are the clusters' to use.
+    let edges = matches!(pool.kind(), FleetKind::Range { .. })
+        && matches!(cidr, IpNet::V4(n) if n.prefix_len() < 31);
     let mut every: Vec<((u128, u128), &str)> = Vec::new();
     for (cluster, a) in all {
         if let Allocation::Prefix(n) = a {
@@ -213,6 +216,42 @@ fn check_invariants(
     Ok(())
 }
 
+/// A prefix pool refused a cluster: every aligned prefix of length `len` overlaps an exclusion
+/// or an allocation (checked one by one when there are at most 4096 of them), so none that
+/// could be handed out was kept back, the pool's first and last included.
+fn no_aligned_prefix_is_free(
+    pool: &FleetPool,
+    len: u8,
+    all: &[(String, Allocation)],
+) -> Result<(), TestCaseError> {
+    let cidr = pool.cidr();
+    if len - cidr.prefix_len() > 12 {
+        return Ok(());
+    }
+    let taken: Vec<(u128, u128)> = exclusion_runs(pool)
+        .into_iter()
+        .chain(all.iter().flat_map(|(_, a)| runs_of(a)))
+        .collect();
+    let mask = runs::host_mask(cidr.max_prefix_len(), len);
+    let first = addr_to_u128(cidr.network());
+    for i in 0..(1u128 << (len - cidr.prefix_len())) {
+        // (`mask + 1` overflows only for a /0, which holds one prefix.)
+        let lo = if i == 0 {
+            first
+        } else {
+            first + i * (mask + 1)
+        };
+        let candidate = (lo, lo + mask);
+        prop_assert!(
+            taken.iter().any(|&t| overlaps(t, candidate)),
+            "/{} at {} is free, yet the pool refused a cluster",
+            len,
+            u128_to_addr(pool.family(), lo)
+        );
+    }
+    Ok(())
+}
+
 fn exclusion_runs(pool: &FleetPool) -> Vec<(u128, u128)> {
     let ranges = pool
         .exclude_ranges()
@@ -249,7 +288,10 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         }
                         all.push((name, a));
                     }
-                    Err(FleetError::Exhausted { .. } | FleetError::NoFreePrefix { .. }) => {}
+                    Err(FleetError::NoFreePrefix { len, .. }) => {
+                        no_aligned_prefix_is_free(&pool, len, &all)?
+                    }
+                    Err(FleetError::Exhausted { .. }) => {}
                     Err(e) => prop_assert!(false, "unexpected refusal: {}", e),
                 }
             }
@@ -340,6 +382,123 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Clusters already holding addresses anywhere in the pool (placed as another tool would place
+/// them, not by [`allocate`]), then a new `allocationRange` and every cluster, holders and new
+/// ones, reconciled in a random order against all the others.
+fn grow(
+    setup: Setup,
+    holders: Vec<(u128, u128)>,
+    resize: u128,
+    order: Vec<u64>,
+) -> Result<(), TestCaseError> {
+    let Some(pool) = build(&setup) else {
+        return Ok(());
+    };
+    let cidr = pool.cidr();
+    let v6 = matches!(cidr, IpNet::V6(_));
+    let (net, bcast) = (addr_to_u128(cidr.network()), addr_to_u128(cidr.broadcast()));
+    let host = bcast - net;
+    let mut blocked = exclusion_runs(&pool);
+    if matches!(pool.kind(), FleetKind::Range { .. })
+        && matches!(cidr, IpNet::V4(n) if n.prefix_len() < 31)
+    {
+        blocked.extend([(net, net), (bcast, bcast)]);
+    }
+    let mut all: Vec<(String, Allocation)> = Vec::new();
+    for (i, &(a, b)) in holders.iter().enumerate() {
+        let offset = if host == u128::MAX { a } else { a % (host + 1) };
+        let (run, held) = match pool.kind() {
+            FleetKind::Range { per_cluster } => {
+                let first = net + offset;
+                let last = first
+                    .saturating_add(b % per_cluster.saturating_mul(2).max(1))
+                    .min(bcast);
+                let held = Allocation::Range(vec![(to_addr(v6, first), to_addr(v6, last))]);
+                ((first, last), held)
+            }
+            FleetKind::Prefix { len } => {
+                let mask = runs::host_mask(cidr.max_prefix_len(), len);
+                let start = net | (offset & !mask);
+                let held = Allocation::Prefix(IpNet::new(to_addr(v6, start), len).unwrap());
+                ((start, start + mask), held)
+            }
+        };
+        let placed = all.iter().flat_map(|(_, a)| runs_of(a));
+        if blocked
+            .iter()
+            .copied()
+            .chain(placed)
+            .any(|x| overlaps(x, run))
+        {
+            continue;
+        }
+        all.push((format!("h{i}"), held));
+    }
+    let kind = match pool.kind() {
+        FleetKind::Range { per_cluster } => FleetKind::Range {
+            per_cluster: between_one_and(resize, per_cluster.saturating_mul(3)),
+        },
+        prefix => prefix,
+    };
+    let Ok(pool) = pool.with_kind(kind) else {
+        return Ok(());
+    };
+    check_invariants(&pool, &exclusion_runs(&pool), &all)?;
+    let mut names: Vec<(u64, String)> = all
+        .iter()
+        .map(|(n, _)| n.clone())
+        .chain((0..3).map(|i| format!("n{i}")))
+        .zip(order.iter().copied().chain(std::iter::repeat(0)))
+        .map(|(n, key)| (key, n))
+        .collect();
+    names.sort();
+    for (_, name) in names {
+        let current = all.iter().find(|(n, _)| *n == name).map(|(_, a)| a.clone());
+        match allocate(&pool, &all, &name, current.as_ref()) {
+            Ok(after) => {
+                match (&current, pool.kind()) {
+                    (Some(before), FleetKind::Range { per_cluster }) => {
+                        prop_assert!(
+                            runs_of(&after).starts_with(&runs_of(before)),
+                            "{}: {} became {}",
+                            name,
+                            before,
+                            after
+                        );
+                        prop_assert_eq!(after.len(), per_cluster.max(before.len()));
+                    }
+                    (Some(before), FleetKind::Prefix { .. }) => prop_assert_eq!(&after, before),
+                    (None, FleetKind::Range { per_cluster }) => {
+                        prop_assert_eq!(after.len(), per_cluster)
+                    }
+                    (None, FleetKind::Prefix { len }) => {
+                        prop_assert!(
+                            matches!(after, Allocation::Prefix(n) if n.prefix_len() == len)
+                        )
+                    }
+                }
+                all.retain(|(n, _)| *n != name);
+                all.push((name, after));
+            }
+            Err(FleetError::Exhausted { .. }) => {
+                let short = match pool.kind() {
+                    FleetKind::Range { per_cluster } => {
+                        current.as_ref().map_or(0, Allocation::len) < per_cluster
+                    }
+                    FleetKind::Prefix { .. } => false,
+                };
+                prop_assert!(short, "{} refused while it holds enough", name);
+            }
+            Err(FleetError::NoFreePrefix { len, .. }) if current.is_none() => {
+                no_aligned_prefix_is_free(&pool, len, &all)?
+            }
+            Err(e) => prop_assert!(false, "unexpected refusal: {}", e),
+        }
+        check_invariants(&pool, &exclusion_runs(&pool), &all)?;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -375,5 +534,44 @@ proptest! {
             exclusions,
         };
         run(setup, ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Holders anywhere, growth, new clusters: nobody overlaps, nobody's runs change.
+    #[test]
+    fn growth_keeps_every_holder_and_takes_nothing_held(
+        setup in setup(),
+        holders in prop::collection::vec((any::<u128>(), any::<u128>()), 0..12),
+        resize in any::<u128>(),
+        order in prop::collection::vec(any::<u64>(), 0..16),
+    ) {
+        grow(setup, holders, resize, order)?;
+    }
+
+    /// The same in small IPv4 pools, where holders sit next to each other and growth runs out.
+    #[test]
+    fn growth_in_small_pools_keeps_every_holder_and_takes_nothing_held(
+        base in any::<u32>(),
+        host_bits in 2..=8u8,
+        prefix in any::<bool>(),
+        size_raw in any::<u128>(),
+        exclusions in prop::collection::vec((any::<bool>(), any::<u128>(), any::<u128>()), 0..3),
+        holders in prop::collection::vec((any::<u128>(), any::<u128>()), 0..16),
+        resize in any::<u128>(),
+        order in prop::collection::vec(any::<u64>(), 0..20),
+    ) {
+        let setup = Setup {
+            v6: false,
+            base: base.into(),
+            host_bits,
+            prefix,
+            size_raw,
+            divisor: 8,
+            exclusions,
+        };
+        grow(setup, holders, resize, order)?;
     }
 }

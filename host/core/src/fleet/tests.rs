@@ -54,16 +54,47 @@ fn the_ipv4_network_and_broadcast_addresses_are_never_handed_out() {
         matches!(err, FleetError::Exhausted { free: 0, .. }),
         "{err}"
     );
+    let edge = Allocation::parse_addresses(&["192.168.1.0-192.168.1.3"]).unwrap();
+    assert_eq!(
+        check_allocation(&p, &[], "migrated", &edge)
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["192.168.1.0 are poolCidr 192.168.1.0/24's network or broadcast address"]
+    );
+}
 
-    // A prefix holding either of them is skipped too.
-    let p = pool(prefix(26), "10.0.0.0/24");
+#[test]
+fn a_prefix_pool_hands_out_every_aligned_prefix_the_first_and_last_too() {
+    // A /23 split into /24s serves two clusters: the subnets are the clusters' to use, so the
+    // pool's network and broadcast addresses rule nothing out.
+    let p = pool(prefix(24), "10.0.0.0/23");
     let all = fill(&p, &["a", "b"]);
-    assert_eq!(all[0].1, net("10.0.0.64/26"));
-    assert_eq!(all[1].1, net("10.0.0.128/26"));
+    assert_eq!(all[0].1, net("10.0.0.0/24"));
+    assert_eq!(all[1].1, net("10.0.1.0/24"));
     assert!(matches!(
         allocate(&p, &all, "c", None),
         Err(FleetError::NoFreePrefix { .. })
     ));
+    let p = pool(prefix(26), "10.0.0.0/24");
+    let all = fill(&p, &["a", "b", "c", "d"]);
+    let got: Vec<String> = all.iter().map(|(_, a)| a.to_string()).collect();
+    assert_eq!(
+        got,
+        [
+            "10.0.0.0/26",
+            "10.0.0.64/26",
+            "10.0.0.128/26",
+            "10.0.0.192/26"
+        ]
+    );
+    // The pool's first prefix, held by a cluster migrating in (as Kubermatic hands it out), is
+    // consistent with the pool and kept.
+    let first = net("10.0.0.0/26");
+    let held = vec![("migrated".to_string(), first.clone())];
+    assert!(check_allocation(&p, &[], "migrated", &first).is_empty());
+    assert_eq!(allocate(&p, &held, "migrated", Some(&first)), Ok(first));
+    assert_eq!(allocate(&p, &held, "next", None), Ok(net("10.0.0.64/26")));
 }
 
 #[test]
@@ -128,11 +159,12 @@ fn exclusions_match_by_overlap_not_by_string() {
         &["10.0.1.70", "10.0.1.190-10.0.1.200"],
         &["10.0.0.64/27"],
     );
-    let all = fill(&p, &["a", "b", "c", "d"]);
+    let all = fill(&p, &["a", "b", "c", "d", "e"]);
     let got: Vec<String> = all.iter().map(|(_, a)| a.to_string()).collect();
     assert_eq!(
         got,
         [
+            "10.0.0.0/26",
             "10.0.0.128/26",
             "10.0.0.192/26",
             "10.0.1.0/26",
@@ -247,7 +279,7 @@ fn a_shorter_prefix_length_is_refused_and_the_cluster_keeps_its_prefix() {
     let err = allocate(&wider, &all, "a", Some(&all[0].1)).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "cluster a keeps 10.0.0.16/28: allocationPrefix 27 asks for a larger subnet, and a prefix \
+        "cluster a keeps 10.0.0.0/28: allocationPrefix 27 asks for a larger subnet, and a prefix \
          cannot grow without moving the cluster; set allocationPrefix back to 28 (it is immutable)"
     );
     // A longer one needs less than the cluster holds: it keeps its prefix.
@@ -371,9 +403,10 @@ fn pool_settings_errors_say_what_is_wrong_and_what_to_do() {
         "allocationPrefix 63 does not fit poolCidr 2001:db8:abcd:12::/64: use a length from 64 to 128"
     );
     assert!(err(prefix(33), "10.0.0.0/24", &[], &[]).contains("from 24 to 32"));
-    assert!(
-        err(prefix(29), "10.0.0.0/28", &[], &[])
-            .starts_with("no /29 of poolCidr 10.0.0.0/28 is free of the exclusions and the IPv4")
+    assert_eq!(
+        err(prefix(29), "10.0.0.0/28", &["10.0.0.3", "10.0.0.12"], &[]),
+        "no /29 of poolCidr 10.0.0.0/28 is free of the exclusions, so no cluster could get one: \
+         use a longer allocationPrefix, a wider poolCidr or fewer exclusions"
     );
     assert_eq!(
         err(range(8), "10.0.0.0/24", &["10.0.0.9-10.0.0.1"], &[]),
