@@ -14,15 +14,16 @@
 //! # The change feed
 //!
 //! Each store watches `PREFIX/claims/` from the revision it opened at ([`feed`]) and keeps the
-//! events in memory; [`Store::changes_since`] answers from them once the watch has caught up with
+//! events in memory; `Store::changes_since` answers from them once the watch has caught up with
 //! the store's current revision. A compaction or a watch that cannot resume turns readers behind
 //! it into a full resync ([`Changes::Compacted`]). Feed revisions are positions derived from
 //! etcd's revision (see [`feed`]).
 //!
 //! # Synchronous seam, asynchronous client
 //!
-//! The [`Store`] seam is synchronous; each `EtcdStore` owns a small tokio runtime for the gRPC
-//! client and its watch, and a call waits for its task there ([`crate::blocking`]).
+//! The [`Store`](allot_core::store::Store) seam is synchronous: [`Backend`] implements the
+//! store's operations on the async gRPC client once, and [`EtcdStore`] is the
+//! [`BlockingStore`] of it ([`crate::blocking`]).
 //!
 //! # Limits
 //!
@@ -37,14 +38,14 @@ mod feed;
 pub mod keys;
 pub mod testing;
 
-use std::future::Future;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::blocking::Blocking;
+use crate::blocking::{AsyncStore, BlockingStore};
 use allot_core::store::{
-    Attachment, Changes, Claim, Clock, PodRef, Reattach, Snapshot, Store, StoreError, system_clock,
+    Attachment, Changes, Claim, Clock, PodRef, Reattach, Snapshot, StoreError, system_clock,
 };
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
@@ -147,8 +148,9 @@ impl EtcdConfig {
     }
 }
 
-/// What the async half of a store shares: the client, the key layout, the feed.
-struct Inner {
+/// Claims in etcd, asynchronously: the client, the key layout, the feed. [`EtcdStore`] is the
+/// [`Store`] made of it.
+pub struct Backend {
     client: Client,
     keys: Keys,
     feed: feed::Feed,
@@ -156,20 +158,17 @@ struct Inner {
     endpoints: String,
 }
 
-/// Claims in etcd. See the [module documentation](self).
-pub struct EtcdStore {
-    inner: Arc<Inner>,
-    blocking: Blocking,
-}
-
-impl std::fmt::Debug for EtcdStore {
+impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdStore")
-            .field("endpoints", &self.inner.endpoints)
-            .field("prefix", &self.inner.keys.prefix())
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.keys.prefix())
             .finish_non_exhaustive()
     }
 }
+
+/// Claims in etcd. See the [module documentation](self).
+pub type EtcdStore = BlockingStore<Backend>;
 
 impl EtcdStore {
     /// Connects (lazily: an unreachable etcd makes calls fail as unavailable, and they succeed
@@ -191,8 +190,6 @@ impl EtcdStore {
             .map(|e| format!("{scheme}://{e}"))
             .collect();
         let peer = format!("etcd {}", config.endpoints.join(","));
-        let blocking = Blocking::new("allot-etcd", &peer, config.timeout)?;
-        let runtime = blocking.runtime();
         let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             // One request; a call (several requests) has `config.timeout`.
@@ -201,60 +198,45 @@ impl EtcdStore {
         if let Some(tls) = tls {
             options = options.with_tls(tls);
         }
-        let client = runtime
-            .block_on(Client::connect(&endpoints, Some(options)))
-            .map_err(|e| {
-                StoreError::Backend(format!("etcd {}: {e}", config.endpoints.join(",")))
+        let names = config.endpoints.join(",");
+        let prefix = config.prefix.clone();
+        let store =
+            BlockingStore::start("allot-etcd", &peer, config.timeout, move || async move {
+                let client = Client::connect(&endpoints, Some(options))
+                    .await
+                    .map_err(|e| StoreError::Backend(format!("etcd {names}: {e}")))?;
+                let backend = Arc::new(Backend {
+                    client,
+                    keys: Keys::new(&prefix),
+                    feed: feed::Feed::default(),
+                    clock,
+                    endpoints: names,
+                });
+                tokio::spawn(feed::follow(backend.clone()));
+                Ok(backend)
             })?;
-        let keys = Keys::new(&config.prefix);
-        let feed = feed::Feed::default();
-        let inner = Arc::new(Inner {
-            client,
-            keys,
-            feed,
-            clock,
-            endpoints: config.endpoints.join(","),
-        });
-        runtime.spawn(feed::follow(inner.clone()));
         // A snapshot read once the feed has its start revision is one the feed can follow on
         // from; read before, its reader would be told to resync at once. Bounded, so that an
         // etcd that is down still makes a store whose calls fail until it is back.
-        if !inner.feed.wait_live(FEED_START.min(config.timeout)) {
+        if !store
+            .backend()
+            .feed
+            .wait_live(FEED_START.min(config.timeout))
+        {
             tracing::warn!(%peer, "the claims watch has not started yet; readers may resync once");
         }
-        Ok(EtcdStore { inner, blocking })
+        Ok(store)
     }
 
     /// The key layout in use.
     pub fn keys(&self) -> &Keys {
-        &self.inner.keys
-    }
-
-    /// Runs `work` on the store's runtime and waits for it, within the call budget.
-    fn run<T, F>(&self, work: impl FnOnce(Arc<Inner>) -> F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        self.blocking.run(work(self.inner.clone()))
-    }
-
-    fn index_lookup(
-        &self,
-        prefix: String,
-        belong: impl Fn(&Claim) -> bool + Send + 'static,
-    ) -> Result<Vec<Claim>, StoreError> {
-        self.run(move |s| async move {
-            let mut claims = s.claims_at_index(&prefix).await?;
-            claims.retain(|c| belong(c));
-            Ok(claims)
-        })
+        &self.backend().keys
     }
 
     /// Waits until the watch has seen a change after `revision`, or `timeout` passes: an agent
     /// follows other nodes' claims within one watch event instead of one poll interval.
     pub fn wait_for_change(&self, revision: u64, timeout: Duration) -> bool {
-        self.inner.feed.wait_past(revision, timeout)
+        self.backend().feed.wait_past(revision, timeout)
     }
 }
 
@@ -282,79 +264,83 @@ fn etcd_error(endpoints: &str, e: etcd_client::Error) -> StoreError {
     }
 }
 
-impl Store for EtcdStore {
-    fn claim_batch(
+// The writes and the feed are the backend's own methods of the same names (claims.rs, feed.rs;
+// `Backend::name` is the inherent one); this impl offers them to the seam.
+impl AsyncStore for Backend {
+    async fn claim_batch(
         &self,
-        fresh: &[Claim],
-        reattach: &[Reattach],
+        fresh: Vec<Claim>,
+        reattach: Vec<Reattach>,
     ) -> Result<Vec<Claim>, StoreError> {
-        let (fresh, reattach) = (fresh.to_vec(), reattach.to_vec());
-        self.run(move |s| async move { s.claim_batch(fresh, reattach).await })
+        Backend::claim_batch(self, fresh, reattach).await
     }
 
-    fn release_attachment(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
-        let attachment = attachment.clone();
-        self.run(move |s| async move { s.release_attachment(attachment).await })
+    async fn release_attachment(&self, attachment: Attachment) -> Result<Vec<Claim>, StoreError> {
+        Backend::release_attachment(self, attachment).await
     }
 
-    fn release(
+    async fn release(
         &self,
-        address: std::net::IpAddr,
-        attachment: Option<&Attachment>,
+        address: IpAddr,
+        attachment: Option<Attachment>,
     ) -> Result<bool, StoreError> {
-        let attachment = attachment.cloned();
-        self.run(move |s| async move { s.release(address, attachment).await })
+        Backend::release(self, address, attachment).await
     }
 
-    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError> {
-        let claims = claims.to_vec();
-        self.run(move |s| async move { s.release_unchanged(claims).await })
+    async fn release_unchanged(&self, claims: Vec<Claim>) -> Result<Vec<Claim>, StoreError> {
+        Backend::release_unchanged(self, claims).await
     }
 
-    fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
-        let attachment = attachment.clone();
-        self.run(move |s| async move { s.detach(attachment, now).await })
+    async fn detach(&self, attachment: Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
+        Backend::detach(self, attachment, now).await
     }
 
-    fn quarantine(
+    async fn quarantine(
         &self,
-        address: std::net::IpAddr,
-        attachment: &Attachment,
-        holder: &PodRef,
+        address: IpAddr,
+        attachment: Attachment,
+        holder: PodRef,
         now: u64,
     ) -> Result<Claim, StoreError> {
-        let (attachment, holder) = (attachment.clone(), holder.clone());
-        self.run(move |s| async move { s.quarantine(address, attachment, holder, now).await })
+        Backend::quarantine(self, address, attachment, holder, now).await
     }
 
-    fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
-        let attachment = attachment.clone();
-        self.index_lookup(self.inner.keys.by_attachment(&attachment), move |c| {
-            c.attachment.as_ref() == Some(&attachment)
-        })
+    async fn claims_of(&self, attachment: Attachment) -> Result<Vec<Claim>, StoreError> {
+        let mut claims = self
+            .claims_at_index(&self.keys.by_attachment(&attachment))
+            .await?;
+        claims.retain(|c| c.attachment.as_ref() == Some(&attachment));
+        Ok(claims)
     }
 
-    fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
-        let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.index_lookup(self.inner.keys.by_pod(&namespace, &name), move |c| {
-            c.pod.namespace == namespace && c.pod.name == name
-        })
+    async fn claims_of_pod(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let mut claims = self
+            .claims_at_index(&self.keys.by_pod(&namespace, &name))
+            .await?;
+        claims.retain(|c| c.pod.namespace == namespace && c.pod.name == name);
+        Ok(claims)
     }
 
-    fn detached(&self) -> Result<Vec<Claim>, StoreError> {
-        self.index_lookup(self.inner.keys.detached(), |c| c.attachment.is_none())
+    async fn detached(&self) -> Result<Vec<Claim>, StoreError> {
+        let mut claims = self.claims_at_index(&self.keys.detached()).await?;
+        claims.retain(|c| c.attachment.is_none());
+        Ok(claims)
     }
 
-    fn all(&self) -> Result<Vec<Claim>, StoreError> {
-        self.run(|s| async move { Ok(s.all_claims(None).await?.1) })
+    async fn all(&self) -> Result<Vec<Claim>, StoreError> {
+        Ok(self.all_claims(None).await?.1)
     }
 
-    fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError> {
-        self.run(move |s| async move { s.snapshot(released_since).await })
+    async fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError> {
+        Backend::snapshot(self, released_since).await
     }
 
-    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
-        self.run(move |s| async move { s.changes_since(revision).await })
+    async fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
+        Backend::changes_since(self, revision).await
     }
 }
 

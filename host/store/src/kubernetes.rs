@@ -37,8 +37,10 @@
 //!
 //! # Synchronous seam
 //!
-//! As with etcd, each store owns a small tokio runtime for the client and its watch; a call
-//! runs there and the caller waits (see [`crate::blocking`]).
+//! As with etcd, [`Backend`] implements the store's operations on the async client once, and
+//! [`KubeStore`] is the [`BlockingStore`] of it ([`crate::blocking`]): it owns the runtime of the
+//! client and the watch, and the call budget. Reads from the mirror are answered on the caller's
+//! thread.
 
 mod compact;
 mod follow;
@@ -52,12 +54,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use allot_core::store::{
-    Attachment, Changes, Claim, Clock, Reattach, Snapshot, Store, StoreError, system_clock,
+    Attachment, Changes, Claim, Clock, Reattach, Snapshot, StoreError, system_clock,
 };
 use allot_k8s::IPBlock;
 use kube::Api;
 
-use crate::blocking::Blocking;
+use crate::blocking::{AsyncStore, BlockingStore};
 
 /// Compare-and-swap attempts on one block before a call gives up as unavailable.
 pub const MAX_ATTEMPTS: usize = 16;
@@ -79,7 +81,9 @@ pub struct KubeConfig {
     pub timeout: Option<Duration>,
 }
 
-struct Inner {
+/// Claims in IPBlocks, asynchronously: the client, the watch-fed mirror, the counters.
+/// [`KubeStore`] is the [`Store`](allot_core::store::Store) made of it.
+pub struct Backend {
     api: Api<IPBlock>,
     mirror: mirror::Mirror,
     node: Option<String>,
@@ -93,15 +97,12 @@ struct Inner {
 }
 
 /// Claims in IPBlock objects, read through a watch-fed mirror.
-pub struct KubeStore {
-    inner: Arc<Inner>,
-    blocking: Blocking,
-}
+pub type KubeStore = BlockingStore<Backend>;
 
-impl std::fmt::Debug for KubeStore {
+impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeStore")
-            .field("node", &self.inner.node)
+            .field("node", &self.node)
             .finish_non_exhaustive()
     }
 }
@@ -169,11 +170,11 @@ impl KubeStore {
         F: std::future::Future<Output = Result<kube::Client, StoreError>> + Send + 'static,
     {
         let timeout = config.timeout.unwrap_or(Duration::from_secs(10));
-        let blocking = Blocking::new("allot-kube", "the Kubernetes API server", timeout)?;
         let node = config.node.clone();
-        let inner = blocking.run(async move {
+        let peer = "the Kubernetes API server";
+        BlockingStore::start("allot-kube", peer, timeout, move || async move {
             let client = make().await?;
-            let inner = Arc::new(Inner {
+            let inner = Arc::new(Backend {
                 api: Api::all(client),
                 mirror: mirror::Mirror::default(),
                 node,
@@ -185,27 +186,19 @@ impl KubeStore {
             let rv = inner.relist().await?;
             tokio::spawn(follow::follow(inner.clone(), rv));
             Ok(inner)
-        })?;
-        Ok(KubeStore { inner, blocking })
+        })
     }
 
     pub fn stats(&self) -> KubeStats {
-        let (blocks, claims) = self.inner.mirror.counts();
+        let inner = self.backend();
+        let (blocks, claims) = inner.mirror.counts();
         KubeStats {
             blocks,
             claims,
-            conflicts: self.inner.conflicts.load(Ordering::Relaxed),
-            lost_races: self.inner.lost_races.load(Ordering::Relaxed),
-            requests: self.inner.requests.load(Ordering::Relaxed),
+            conflicts: inner.conflicts.load(Ordering::Relaxed),
+            lost_races: inner.lost_races.load(Ordering::Relaxed),
+            requests: inner.requests.load(Ordering::Relaxed),
         }
-    }
-
-    fn run<T, F>(&self, work: impl FnOnce(Arc<Inner>) -> F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        self.blocking.run(work(self.inner.clone()))
     }
 }
 
@@ -261,76 +254,76 @@ async fn attempt<T>(
         })
 }
 
-impl Store for KubeStore {
-    fn claim_batch(
+// Writes are the backend's own methods of the same names (writes.rs, tidy.rs; `Backend::name`
+// is the inherent one), reads answer from the mirror at once.
+impl AsyncStore for Backend {
+    async fn claim_batch(
         &self,
-        fresh: &[Claim],
-        reattach: &[Reattach],
+        fresh: Vec<Claim>,
+        reattach: Vec<Reattach>,
     ) -> Result<Vec<Claim>, StoreError> {
-        let (fresh, reattach) = (fresh.to_vec(), reattach.to_vec());
-        self.run(move |s| async move { s.claim_batch(fresh, reattach).await })
+        Backend::claim_batch(self, fresh, reattach).await
     }
 
-    fn release_attachment(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
-        let attachment = attachment.clone();
-        self.run(move |s| async move { s.release_attachment(attachment).await })
+    async fn release_attachment(&self, attachment: Attachment) -> Result<Vec<Claim>, StoreError> {
+        Backend::release_attachment(self, attachment).await
     }
 
-    fn release(
+    async fn release(
         &self,
         address: std::net::IpAddr,
-        attachment: Option<&Attachment>,
+        attachment: Option<Attachment>,
     ) -> Result<bool, StoreError> {
-        let attachment = attachment.cloned();
-        self.run(move |s| async move { s.release(address, attachment).await })
+        Backend::release(self, address, attachment).await
     }
 
-    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError> {
-        let claims = claims.to_vec();
-        self.run(move |s| async move { s.release_unchanged(claims).await })
+    async fn release_unchanged(&self, claims: Vec<Claim>) -> Result<Vec<Claim>, StoreError> {
+        Backend::release_unchanged(self, claims).await
     }
 
-    fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
-        let attachment = attachment.clone();
-        self.run(move |s| async move { s.detach(attachment, now).await })
+    async fn detach(&self, attachment: Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
+        Backend::detach(self, attachment, now).await
     }
 
-    fn quarantine(
+    async fn quarantine(
         &self,
         address: std::net::IpAddr,
-        attachment: &Attachment,
-        holder: &allot_core::store::PodRef,
+        attachment: Attachment,
+        holder: allot_core::store::PodRef,
         now: u64,
     ) -> Result<Claim, StoreError> {
-        let (attachment, holder) = (attachment.clone(), holder.clone());
-        self.run(move |s| async move { s.quarantine(address, attachment, holder, now).await })
+        Backend::quarantine(self, address, attachment, holder, now).await
     }
 
-    fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
-        Ok(self.inner.mirror.claims_of(attachment))
+    async fn claims_of(&self, attachment: Attachment) -> Result<Vec<Claim>, StoreError> {
+        Ok(self.mirror.claims_of(&attachment))
     }
 
-    fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
-        Ok(self.inner.mirror.claims_of_pod(namespace, name))
+    async fn claims_of_pod(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> Result<Vec<Claim>, StoreError> {
+        Ok(self.mirror.claims_of_pod(&namespace, &name))
     }
 
-    fn detached(&self) -> Result<Vec<Claim>, StoreError> {
-        Ok(self.inner.mirror.all(|c| c.attachment.is_none()))
+    async fn detached(&self) -> Result<Vec<Claim>, StoreError> {
+        Ok(self.mirror.all(|c| c.attachment.is_none()))
     }
 
-    fn all(&self) -> Result<Vec<Claim>, StoreError> {
-        Ok(self.inner.mirror.all(|_| true))
+    async fn all(&self) -> Result<Vec<Claim>, StoreError> {
+        Ok(self.mirror.all(|_| true))
     }
 
-    fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError> {
-        Ok(self.inner.mirror.snapshot(released_since))
+    async fn snapshot(&self, released_since: u64) -> Result<Snapshot, StoreError> {
+        Ok(self.mirror.snapshot(released_since))
     }
 
-    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
-        Ok(self.inner.mirror.changes_since(revision))
+    async fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
+        Ok(self.mirror.changes_since(revision))
     }
 
-    fn remove_emptied(&self, cooled_before: u64, limit: usize) -> Result<usize, StoreError> {
-        self.run(move |s| async move { s.delete_emptied(cooled_before, limit).await })
+    async fn remove_emptied(&self, cooled_before: u64, limit: usize) -> Result<usize, StoreError> {
+        self.delete_emptied(cooled_before, limit).await
     }
 }

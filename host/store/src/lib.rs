@@ -10,13 +10,14 @@
 //!   by [`store_contract_tests!`]. Every backend (embedded, etcd, kubernetes, test doubles) runs
 //!   it.
 
-mod blocking;
+pub mod blocking;
 pub mod contract;
 pub mod etcd;
 pub mod kubernetes;
 mod open;
 pub mod sqlite;
 
+pub use blocking::{AsyncStore, BlockingStore};
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use kubernetes::{KubeConfig, KubeStats, KubeStore, client as kube_client};
 pub use open::{OpenedStore, StoreArgs};

@@ -9,7 +9,7 @@ use etcd_client::{
 };
 
 use super::keys::{self, Keys, range_end};
-use super::{Inner, RELEASE_CHUNK, etcd_error};
+use super::{Backend, RELEASE_CHUNK, etcd_error};
 
 /// etcd's default `--max-txn-ops`: operations (and compares) one transaction may hold.
 pub const MAX_TXN_OPS: usize = 128;
@@ -46,7 +46,7 @@ fn sorted(mut claims: Vec<Claim>) -> Vec<Claim> {
     claims
 }
 
-impl Inner {
+impl Backend {
     pub(super) fn kv(&self) -> KvClient {
         self.client.kv_client()
     }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use allot_core::store::{Change, ChangeKind, Changes, StoreError};
 use etcd_client::{EventType, WatchOptions, WatchResponse};
 
-use super::Inner;
+use super::Backend;
 use super::keys::{Keys, range_end};
 
 /// Changes kept in memory; a reader further behind resyncs from a snapshot.
@@ -120,7 +120,7 @@ impl Feed {
     }
 }
 
-impl Inner {
+impl Backend {
     /// etcd's current revision, and the revision of the latest write of claims at that time
     /// (0: none yet), in one read of one key ([`Keys::last_claim_change`]).
     async fn claim_revisions(&self) -> Result<(u64, u64), StoreError> {
@@ -258,7 +258,7 @@ impl Backoff {
 }
 
 /// Follows the claims for as long as the store lives (the task ends with its runtime).
-pub(super) async fn follow(inner: Arc<Inner>) {
+pub(super) async fn follow(inner: Arc<Backend>) {
     let mut backoff = Backoff::new();
     loop {
         if let Err(e) = watch_once(&inner, &mut backoff).await {
@@ -269,7 +269,7 @@ pub(super) async fn follow(inner: Arc<Inner>) {
 }
 
 /// One watch, from where the feed stands, until it breaks.
-async fn watch_once(inner: &Inner, backoff: &mut Backoff) -> Result<(), StoreError> {
+async fn watch_once(inner: &Backend, backoff: &mut Backoff) -> Result<(), StoreError> {
     let start = match inner.feed.resume_from() {
         Some(progress) => progress,
         None => {

@@ -8,13 +8,13 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{WatchEvent, WatchParams};
 
-use super::Inner;
+use super::Backend;
 use super::mirror::Block;
 
 /// Backoff between failed attempts to watch: doubled from the first to the last, with jitter.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
-pub(super) async fn follow(inner: Arc<Inner>, mut rv: String) {
+pub(super) async fn follow(inner: Arc<Backend>, mut rv: String) {
     let mut backoff = BACKOFF.0;
     loop {
         match watch_once(&inner, &mut rv).await {
@@ -66,7 +66,7 @@ enum Ended {
     Failed(String),
 }
 
-async fn watch_once(inner: &Inner, rv: &mut String) -> Ended {
+async fn watch_once(inner: &Backend, rv: &mut String) -> Ended {
     let params = WatchParams::default().timeout(290);
     let stream = match inner.api.watch(&params, rv).await {
         Ok(s) => s,

@@ -8,10 +8,10 @@
 
 use kube::api::{DeleteParams, Preconditions};
 
-use super::{Inner, attempt};
+use super::{Backend, attempt};
 use allot_core::store::StoreError;
 
-impl Inner {
+impl Backend {
     /// Deletes up to `limit` blocks that hold no claim and whose releases all happened before
     /// `cooled_before` (unix seconds). Returns how many it deleted.
     pub(super) async fn delete_emptied(

@@ -9,7 +9,7 @@ use allot_core::store::{Attachment, Claim, PodRef, Reattach, StoreError, unchang
 use kube::api::PostParams;
 
 use super::mirror::Block;
-use super::{Inner, LIST_PAGE, MAX_ATTEMPTS, attempt, request};
+use super::{Backend, LIST_PAGE, MAX_ATTEMPTS, attempt, request};
 
 /// What an edit of a block decided.
 pub(super) enum Edit<T> {
@@ -34,7 +34,7 @@ fn same_pod(a: &allot_core::store::PodRef, b: &allot_core::store::PodRef) -> boo
     a.namespace == b.namespace && a.name == b.name
 }
 
-impl Inner {
+impl Backend {
     fn now(&self) -> u64 {
         (self.clock)()
     }
@@ -372,7 +372,7 @@ impl Inner {
     }
 }
 
-impl Inner {
+impl Backend {
     pub(super) async fn quarantine(
         &self,
         address: IpAddr,
