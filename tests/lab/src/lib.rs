@@ -1,7 +1,7 @@
 //! allot's local Kubernetes lab: the upstream control plane (etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler) on this machine, and per node a network namespace
-//! and a kubelet stand-in (`allot-lab-node`) that runs real CNI plugins and, for the images it
-//! knows, real container processes. See `README.md` for what is real and what is stood in.
+//! and a kubelet stand-in ([`node`]) that runs real CNI plugins and, for the images it knows,
+//! real container processes. See `README.md` for what is real and what is stood in.
 //!
 //! A test starts its own cluster with [`LabCluster::start`] (torn down on drop), or attaches
 //! to one started by `allot-lab-cluster up` with [`LabCluster::from_env`].
@@ -13,6 +13,7 @@ pub mod http;
 pub mod image;
 pub mod lock;
 pub mod net;
+pub mod node;
 pub mod paths;
 pub mod pki;
 pub mod process;
