@@ -17,6 +17,7 @@ pub mod node;
 pub mod paths;
 pub mod pki;
 pub mod process;
+pub mod testing;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
