@@ -98,7 +98,12 @@ async fn real_containers_follow_the_pod_spec() {
         "hostNetwork": true,
         "nodeSelector": {"kubernetes.io/hostname": "node-1"},
         "securityContext": {"runAsUser": 0},
-        "containers": [{"args": [script], "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        "containers": [{
+            "args": [script],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            // An exec probe runs in the container's mount namespace: /data is the hostPath.
+            "readinessProbe": {"exec": {"command": ["test", "-s", "/data/reply"]}, "periodSeconds": 1},
+        }],
         "volumes": [{"name": "data", "hostPath": {"path": "/var/lib/lab-test", "type": "Directory"}}],
     }))).await.unwrap();
     let host = wait_pod(&pods, "host", "Running and Ready", |p| {

@@ -260,13 +260,20 @@ impl Worker {
             .refresh_due()
             .is_some_and(|t| Instant::now() >= t);
         if !self.volumes_ready || refresh {
-            if let Err(e) = self.materialize_volumes().await {
-                self.event(None, Kind::Warning, "FailedMount", &format!("{e:#}"))
-                    .await;
-                self.retry_later();
-                return false;
+            match self.materialize_volumes().await {
+                Ok(()) => self.volumes_ready = true,
+                // A refresh that failed (the API server restarting, say): the containers keep
+                // the files they have, the next resync tries again.
+                Err(e) if self.volumes_ready => {
+                    tracing::warn!("{}: refreshing volumes: {e:#}", name_of(&self.pod));
+                }
+                Err(e) => {
+                    self.event(None, Kind::Warning, "FailedMount", &format!("{e:#}"))
+                        .await;
+                    self.retry_later();
+                    return false;
+                }
             }
-            self.volumes_ready = true;
         }
         if self.sandbox.is_none() && !self.create_sandbox().await {
             return false;

@@ -26,6 +26,11 @@ use super::hostfs::NodeFs;
 /// A file's content and mode.
 type Files = BTreeMap<String, (Vec<u8>, u32)>;
 
+/// How often mounted ConfigMaps, Secrets and the downward API are written again: the kubelet
+/// propagates an update to a mounted volume within about a minute ("Mounted ConfigMaps are
+/// updated automatically").
+const RESYNC: Duration = Duration::from_secs(60);
+
 /// How long a ConfigMap or Secret read is reused (the kubelet's cache-based manager uses a TTL
 /// of the same order before it reads an object again).
 const OBJECT_TTL: Duration = Duration::from_secs(30);
@@ -113,6 +118,10 @@ pub struct PodVolumes {
     written: HashMap<String, Files>,
     /// When a ServiceAccount token must be requested again.
     refresh_tokens_at: Option<Instant>,
+    /// When the volumes were last written.
+    materialized_at: Option<Instant>,
+    /// Tokens in use: (volume, path) → (token, when to request another).
+    tokens: HashMap<(String, String), (String, Instant)>,
 }
 
 /// What materializing a pod's volumes needs.
@@ -130,12 +139,19 @@ impl PodVolumes {
             sources: HashMap::new(),
             written: HashMap::new(),
             refresh_tokens_at: None,
+            materialized_at: None,
+            tokens: HashMap::new(),
         }
     }
 
-    /// When the projected tokens need a refresh.
+    /// When the volumes are due to be written again: a token's refresh, or the periodic
+    /// resync of their sources.
     pub fn refresh_due(&self) -> Option<Instant> {
-        self.refresh_tokens_at
+        let resync = self.materialized_at.map(|t| t + RESYNC);
+        match (self.refresh_tokens_at, resync) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Makes (or refreshes) every volume of `pod`. The error names the volume, for the
@@ -146,6 +162,7 @@ impl PodVolumes {
             .as_ref()
             .and_then(|s| s.volumes.clone())
             .unwrap_or_default();
+        self.materialized_at = Some(Instant::now());
         self.refresh_tokens_at = None;
         for volume in &volumes {
             self.volume(ctx, pod, volume).await.with_context(|| {
@@ -264,9 +281,20 @@ impl PodVolumes {
                     )?;
                 }
                 if let Some(t) = &source.service_account_token {
-                    let (token, refresh) = self
-                        .token(ctx, pod, t.audience.clone(), t.expiration_seconds)
-                        .await?;
+                    // A token is reused until its refresh is due.
+                    let key = (v.name.clone(), t.path.clone());
+                    let (token, refresh) = match self.tokens.get(&key) {
+                        Some((token, refresh)) if Instant::now() < *refresh => {
+                            (token.clone(), *refresh)
+                        }
+                        _ => {
+                            let fresh = self
+                                .token(ctx, pod, t.audience.clone(), t.expiration_seconds)
+                                .await?;
+                            self.tokens.insert(key, fresh.clone());
+                            fresh
+                        }
+                    };
                     files.insert(
                         t.path.clone(),
                         (token.into_bytes(), mode_of(None, p.default_mode)),
