@@ -1,0 +1,607 @@
+//! Starting, describing and tearing down a lab cluster: the code behind `allot-lab-cluster up`
+//! and [`LabCluster::start`].
+
+use std::ffi::OsString;
+use std::fs;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::api::{Api, ListParams};
+use serde::{Deserialize, Serialize};
+
+use crate::controlplane::{Component, KUBERNETES_SERVICE_IP, Layout, free_port};
+use crate::image::{self, ALLOT_IMAGE};
+use crate::lock::Lock;
+use crate::net::{self, HOST_IPV4, MAX_NODES};
+use crate::pki::{self, Pki};
+use crate::process::Supervised;
+
+/// How to start a lab cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Nodes to start (each a network namespace and a kubelet stand-in).
+    pub nodes: usize,
+    /// Where everything goes: certificates, etcd's data, logs, the nodes' files. Created; must
+    /// be absent, empty, or an earlier lab's directory.
+    pub dir: PathBuf,
+    /// Keep `dir` after teardown.
+    pub keep: bool,
+    /// The upstream binaries (see [`crate::paths::tools_dir`]).
+    pub tools: PathBuf,
+    /// allot's binaries (see [`crate::paths::allot_bin_dir`]).
+    pub allot_bin: PathBuf,
+    /// The `allot-lab-node` binary.
+    pub node_binary: PathBuf,
+    /// Offer allot's image ([`ALLOT_IMAGE`]), made from `allot_bin`, to the nodes.
+    pub allot_image: bool,
+    /// More images: reference and directory (see [`crate::image`]).
+    pub images: Vec<(String, PathBuf)>,
+    /// kube-controller-manager's `--node-monitor-grace-period`: how long a node may miss its
+    /// heartbeats before it is NotReady.
+    pub node_monitor_grace: Duration,
+    /// How long to wait for another lab on this machine to finish before failing.
+    pub lock_wait: Duration,
+    /// How long the control plane and nodes may take to become ready.
+    pub ready_timeout: Duration,
+}
+
+impl ClusterOptions {
+    pub fn new(dir: impl Into<PathBuf>) -> ClusterOptions {
+        ClusterOptions {
+            nodes: 3,
+            dir: dir.into(),
+            keep: false,
+            tools: crate::paths::tools_dir(),
+            allot_bin: crate::paths::allot_bin_dir(),
+            node_binary: crate::paths::node_binary(),
+            allot_image: true,
+            images: Vec::new(),
+            // Kubernetes' default (kube-controller-manager --help, v1.35).
+            node_monitor_grace: Duration::from_secs(50),
+            lock_wait: Duration::ZERO,
+            ready_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A node of the lab, as `cluster.json` describes it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NodeInfo {
+    pub name: String,
+    /// `/run/netns/allot-lab-node-<i>`: the node's host network namespace.
+    pub netns: PathBuf,
+    pub ipv4: Ipv4Addr,
+    pub ipv6: Ipv6Addr,
+    /// The node's host filesystem (its `/etc/cni/net.d`, `/opt/cni/bin`, `/var/lib/cni`, ...).
+    pub root: PathBuf,
+    pub kubeconfig: PathBuf,
+    /// The stand-in's pid, while it runs.
+    pub pid: Option<u32>,
+    pub log: PathBuf,
+}
+
+/// A control-plane process, as `cluster.json` describes it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProcessInfo {
+    pub name: String,
+    pub pid: Option<u32>,
+    pub log: PathBuf,
+}
+
+/// `cluster.json`: what tests need to know about a running lab.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClusterInfo {
+    pub dir: PathBuf,
+    /// The admin kubeconfig (`system:masters`).
+    pub kubeconfig: PathBuf,
+    /// The API server's URL.
+    pub server: String,
+    /// The CA of the API server's certificate and of every client certificate.
+    pub ca: PathBuf,
+    pub control_socket: PathBuf,
+    pub launcher_pid: u32,
+    pub node_monitor_grace_seconds: u64,
+    /// Images the nodes run as real processes: reference → directory.
+    pub images: Vec<(String, PathBuf)>,
+    pub nodes: Vec<NodeInfo>,
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// A node's stand-in process and description.
+pub(crate) struct NodeRuntime {
+    pub info: NodeInfo,
+    pub index: usize,
+    pub proc: Supervised,
+}
+
+/// Everything a running lab holds. Behind a std mutex, never held across an await, so that
+/// teardown in `Drop` can take it.
+pub(crate) struct State {
+    pub options: ClusterOptions,
+    pub info: ClusterInfo,
+    pub layout: Option<Layout>,
+    pub pki: Option<Pki>,
+    pub control: Vec<(Component, Supervised)>,
+    pub nodes: Vec<NodeRuntime>,
+    lock: Option<Lock>,
+    torn_down: bool,
+}
+
+pub(crate) type Shared = Arc<Mutex<State>>;
+
+/// Locks the shared state; a panic elsewhere does not stop teardown.
+pub(crate) fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, State> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Directories of a lab.
+fn sub(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}
+
+/// Marks a directory as a lab's, so that a later start may empty it.
+const MARKER: &str = ".allot-lab";
+
+/// Empties `dir` if it is an earlier lab's (or empty), creates it if absent.
+fn prepare_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        let empty = fs::read_dir(dir)?.next().is_none();
+        if !empty && !dir.join(MARKER).exists() {
+            bail!(
+                "{} exists and is not a lab's directory: choose another --dir (or remove it)",
+                dir.display()
+            );
+        }
+        fs::remove_dir_all(dir).with_context(|| format!("emptying {}", dir.display()))?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    fs::write(
+        dir.join(MARKER),
+        "a lab cluster's directory (allot-lab-cluster)\n",
+    )?;
+    Ok(())
+}
+
+/// Starts a cluster into `shared` (whose teardown the caller owns).
+pub(crate) async fn start(shared: &Shared) -> Result<()> {
+    let options = lock(shared).options.clone();
+    let started = Instant::now();
+    if options.nodes > MAX_NODES {
+        bail!("at most {MAX_NODES} nodes (their addresses are 198.51.100.11 to .110)");
+    }
+    let dir = fs::canonicalize(options.dir.parent().unwrap_or(Path::new("/")))
+        .with_context(|| format!("{}: its parent directory must exist", options.dir.display()))?
+        .join(
+            options
+                .dir
+                .file_name()
+                .context("--dir needs a final component")?,
+        );
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the lab needs root (network namespaces, a bridge, mounts): run it as root");
+    }
+    for name in [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        crate::paths::tool(&options.tools, name)?;
+    }
+    if !options.node_binary.exists() && options.nodes > 0 {
+        bail!(
+            "{} is missing: build it (`cargo build --release -p allot-lab`) or set ALLOT_LAB_NODE",
+            options.node_binary.display()
+        );
+    }
+
+    let (lock_file, previous) = Lock::acquire(&dir, options.lock_wait)?;
+    lock(shared).lock = Some(lock_file);
+    for what in net::remove_leftovers() {
+        tracing::info!("removed a left-over {what}");
+    }
+    if let Some(previous) = previous.filter(|p| *p != dir && p.join(MARKER).exists()) {
+        tracing::info!("a previous lab in {} did not clean up", previous.display());
+    }
+    prepare_dir(&dir)?;
+    for d in ["pki", "kubeconfigs", "logs", "etcd", "images", "nodes"] {
+        fs::create_dir_all(sub(&dir, d))?;
+    }
+    net::create_bridge()?;
+
+    // Certificates and kubeconfigs.
+    let pki_dir = sub(&dir, "pki");
+    let pki = Pki::create(&pki_dir)?;
+    let mut names: Vec<String> = [
+        HOST_IPV4.to_string(),
+        "127.0.0.1".into(),
+        "::1".into(),
+        KUBERNETES_SERVICE_IP.to_string(),
+    ]
+    .into();
+    for n in [
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+        "localhost",
+    ] {
+        names.push(n.into());
+    }
+    let serving = pki.serving("apiserver", "kube-apiserver", &names)?;
+    let server = Layout::server_url();
+    let kubeconfigs = sub(&dir, "kubeconfigs");
+    let admin = pki.client("admin", "allot-lab-admin", &["system:masters"])?;
+    let admin_kc = kubeconfigs.join("admin.kubeconfig");
+    pki::write_kubeconfig(&admin_kc, &server, &pki.ca_cert, &admin, "allot-lab-admin")?;
+    let mut component_kc = Vec::new();
+    for user in ["system:kube-controller-manager", "system:kube-scheduler"] {
+        let short = user.trim_start_matches("system:");
+        let cert = pki.client(short, user, &[])?;
+        let path = kubeconfigs.join(format!("{short}.kubeconfig"));
+        pki::write_kubeconfig(&path, &server, &pki.ca_cert, &cert, user)?;
+        component_kc.push(path);
+    }
+    let (sa_private, sa_public) = pki.service_account_keys()?;
+    let front_proxy = pki.client("front-proxy-client", "front-proxy-client", &[])?;
+
+    let mut images = options.images.clone();
+    if options.allot_image {
+        let image_dir = sub(&dir, "images/allot");
+        let policy = crate::paths::default_policy(&options.allot_bin);
+        image::build_allot_image(&image_dir, &options.allot_bin, &policy)?;
+        images.push((ALLOT_IMAGE.to_string(), image_dir));
+    }
+
+    let layout = Layout {
+        tools: options.tools.clone(),
+        logs: sub(&dir, "logs"),
+        etcd_data: sub(&dir, "etcd"),
+        etcd_client_port: free_port()?,
+        etcd_peer_port: free_port()?,
+        controller_manager_port: free_port()?,
+        scheduler_port: free_port()?,
+        ca_cert: pki.ca_cert.clone(),
+        ca_key: pki_dir.join("ca.key"),
+        apiserver_cert: serving.cert,
+        apiserver_key: serving.key,
+        sa_private,
+        sa_public,
+        front_proxy_cert: front_proxy.cert,
+        front_proxy_key: front_proxy.key,
+        controller_manager_kubeconfig: component_kc[0].clone(),
+        scheduler_kubeconfig: component_kc[1].clone(),
+        node_monitor_grace: options.node_monitor_grace,
+    };
+    {
+        let mut st = lock(shared);
+        st.info = ClusterInfo {
+            dir: dir.clone(),
+            kubeconfig: admin_kc.clone(),
+            server,
+            ca: pki.ca_cert.clone(),
+            control_socket: dir.join("control.sock"),
+            launcher_pid: std::process::id(),
+            node_monitor_grace_seconds: options.node_monitor_grace.as_secs(),
+            images,
+            nodes: Vec::new(),
+            processes: Vec::new(),
+        };
+        st.layout = Some(layout.clone());
+        st.pki = Some(pki);
+    }
+
+    // The control plane, in dependency order.
+    for component in Component::ALL {
+        start_component(shared, component).await?;
+    }
+    tracing::info!("control plane ready after {:.1?}", started.elapsed());
+
+    let client = crate::kube_client(&admin_kc).await?;
+    let mut new_nodes = Vec::new();
+    for _ in 0..options.nodes {
+        new_nodes.push(launch_node(shared)?);
+    }
+    wait_nodes_ready(shared, &client, &new_nodes, options.ready_timeout).await?;
+    let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+    let deadline = Instant::now() + options.ready_timeout;
+    while sa.get_opt("default").await?.is_none() {
+        if Instant::now() > deadline {
+            bail!(
+                "the default ServiceAccount did not appear within {:?}: is \
+                 kube-controller-manager running? Its log: {}",
+                options.ready_timeout,
+                layout.logs.join("kube-controller-manager.log").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    write_info(shared)?;
+    tracing::info!(
+        "lab cluster with {} node(s) ready after {:.1?}",
+        options.nodes,
+        started.elapsed()
+    );
+    Ok(())
+}
+
+/// Starts `component` and waits until it serves (etcd, API server) or runs.
+pub(crate) async fn start_component(shared: &Shared, component: Component) -> Result<()> {
+    let layout = lock(shared)
+        .layout
+        .clone()
+        .context("the cluster is not set up")?;
+    let mut proc = layout.process(component)?;
+    proc.start()?;
+    match component {
+        Component::Etcd => {
+            crate::controlplane::wait_etcd(&layout, &mut proc, Duration::from_secs(30)).await
+        }
+        Component::KubeApiserver => {
+            let kc = lock(shared).info.kubeconfig.clone();
+            let client = crate::kube_client(&kc).await?;
+            crate::controlplane::wait_apiserver(&client, &mut proc, Duration::from_secs(90)).await
+        }
+        Component::KubeControllerManager => {
+            crate::controlplane::wait_listening(
+                layout.controller_manager_port,
+                &mut proc,
+                Duration::from_secs(60),
+            )
+            .await
+        }
+        Component::KubeScheduler => {
+            crate::controlplane::wait_listening(
+                layout.scheduler_port,
+                &mut proc,
+                Duration::from_secs(60),
+            )
+            .await
+        }
+    }
+    .inspect_err(|_| proc.kill())?;
+    let mut st = lock(shared);
+    st.control.retain(|(c, _)| *c != component);
+    st.control.push((component, proc));
+    Ok(())
+}
+
+/// Stops `component` (SIGTERM, SIGKILL after its grace), waiting until it has exited.
+pub(crate) async fn stop_component(shared: &Shared, component: Component) -> Result<()> {
+    let signalled = {
+        let mut st = lock(shared);
+        st.control
+            .iter_mut()
+            .find(|(c, _)| *c == component)
+            .is_some_and(|(_, p)| p.signal(libc::SIGTERM))
+    };
+    if !signalled {
+        return Ok(());
+    }
+    let deadline = Instant::now() + component.stop_grace();
+    loop {
+        {
+            let mut st = lock(shared);
+            let (_, proc) = st
+                .control
+                .iter_mut()
+                .find(|(c, _)| *c == component)
+                .context("component vanished")?;
+            if proc.try_exit().is_some() || proc.pid().is_none() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                proc.kill();
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Creates node number `len+1` (network, certificate, files) and starts its stand-in.
+pub(crate) fn launch_node(shared: &Shared) -> Result<String> {
+    let mut st = lock(shared);
+    let index = st.nodes.iter().map(|n| n.index).max().unwrap_or(0) + 1;
+    if index > MAX_NODES {
+        bail!("at most {MAX_NODES} nodes");
+    }
+    let name = format!("node-{index}");
+    let dir = st.info.dir.join("nodes").join(&name);
+    let root = dir.join("root");
+    fs::create_dir_all(&root)?;
+    let netns = net::create_node_network(&format!("{}node-{index}", net::NETNS_PREFIX), index)?;
+    let (ipv4, ipv6) = net::node_addresses(index);
+    let pki = st.pki.as_ref().context("the cluster is not set up")?;
+    // The Node authorizer and NodeRestriction know a kubelet by this user and group.
+    let user = format!("system:node:{name}");
+    let cert = pki.client(&format!("node-{index}"), &user, &["system:nodes"])?;
+    let kubeconfig = dir.join("kubeconfig");
+    pki::write_kubeconfig(&kubeconfig, &st.info.server, &pki.ca_cert, &cert, &user)?;
+    let log = st.info.dir.join("logs").join(format!("{name}.log"));
+    let mut args: Vec<OsString> = vec![
+        "--kubeconfig".into(),
+        kubeconfig.clone().into(),
+        "--name".into(),
+        name.clone().into(),
+        "--netns".into(),
+        netns.clone().into(),
+        "--ipv4".into(),
+        ipv4.to_string().into(),
+        "--ipv6".into(),
+        ipv6.to_string().into(),
+        "--root".into(),
+        root.clone().into(),
+    ];
+    for (reference, dir) in &st.info.images {
+        args.push("--image".into());
+        args.push(format!("{reference}={}", dir.display()).into());
+    }
+    let mut proc = Supervised::new(&name, &st.options.node_binary, args, log.clone()).env(
+        "RUST_LOG",
+        &std::env::var("ALLOT_LAB_NODE_LOG").unwrap_or("info".into()),
+    );
+    let pid = proc.start()?;
+    let info = NodeInfo {
+        name: name.clone(),
+        netns,
+        ipv4,
+        ipv6,
+        root,
+        kubeconfig,
+        pid: Some(pid),
+        log,
+    };
+    st.nodes.push(NodeRuntime { info, index, proc });
+    Ok(name)
+}
+
+/// Waits until the Nodes `names` are Ready, failing early when a stand-in exits.
+pub(crate) async fn wait_nodes_ready(
+    shared: &Shared,
+    client: &kube::Client,
+    names: &[String],
+    timeout: Duration,
+) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = Instant::now() + timeout;
+    loop {
+        {
+            let mut st = lock(shared);
+            for n in st.nodes.iter_mut().filter(|n| names.contains(&n.info.name)) {
+                if let Some(status) = n.proc.try_exit() {
+                    bail!(
+                        "the stand-in of {} exited ({status}); its log ({}):\n{}",
+                        n.info.name,
+                        n.proc.log.display(),
+                        n.proc.log_tail(30)
+                    );
+                }
+            }
+        }
+        let list = nodes.list(&ListParams::default()).await?;
+        let ready: Vec<&str> = list
+            .items
+            .iter()
+            .filter(|n| crate::node_ready(n) == Some(true))
+            .filter_map(|n| n.metadata.name.as_deref())
+            .collect();
+        if names.iter().all(|n| ready.contains(&n.as_str())) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "nodes {names:?} were not Ready within {timeout:?} (ready: {ready:?}); see the \
+                 stand-ins' logs in {}",
+                lock(shared).info.dir.join("logs").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Refreshes the pids in the description and writes `cluster.json`.
+pub(crate) fn write_info(shared: &Shared) -> Result<ClusterInfo> {
+    let mut st = lock(shared);
+    let st = &mut *st;
+    st.info.processes = st
+        .control
+        .iter_mut()
+        .map(|(c, p)| ProcessInfo {
+            name: c.name().to_string(),
+            pid: if p.running() { p.pid() } else { None },
+            log: p.log.clone(),
+        })
+        .collect();
+    st.info.nodes = st
+        .nodes
+        .iter_mut()
+        .map(|n| {
+            let mut info = n.info.clone();
+            info.pid = if n.proc.running() { n.proc.pid() } else { None };
+            info
+        })
+        .collect();
+    let path = st.info.dir.join("cluster.json");
+    fs::write(&path, serde_json::to_vec_pretty(&st.info)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(st.info.clone())
+}
+
+impl State {
+    pub(crate) fn new(options: ClusterOptions) -> State {
+        State {
+            info: ClusterInfo {
+                dir: options.dir.clone(),
+                kubeconfig: PathBuf::new(),
+                server: String::new(),
+                ca: PathBuf::new(),
+                control_socket: PathBuf::new(),
+                launcher_pid: std::process::id(),
+                node_monitor_grace_seconds: options.node_monitor_grace.as_secs(),
+                images: Vec::new(),
+                nodes: Vec::new(),
+                processes: Vec::new(),
+            },
+            options,
+            layout: None,
+            pki: None,
+            control: Vec::new(),
+            nodes: Vec::new(),
+            lock: None,
+            torn_down: false,
+        }
+    }
+
+    /// Stops everything this lab started, in order: the stand-ins first (they stop their
+    /// containers and run CNI DEL), then whatever still runs in the lab's namespaces, the
+    /// control plane, the network, and the directory unless kept.
+    pub(crate) fn teardown(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        let Some(lock_file) = self.lock.take() else {
+            // Never started (the lock was not ours): nothing to undo.
+            return;
+        };
+        for node in &mut self.nodes {
+            node.proc.signal(libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        for node in &mut self.nodes {
+            while node.proc.pid().is_some() && node.proc.try_exit().is_none() {
+                if Instant::now() > deadline {
+                    tracing::warn!(
+                        "{}: stand-in did not stop within 90 s; killed",
+                        node.info.name
+                    );
+                    node.proc.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        for ns in net::lab_namespaces() {
+            net::kill_processes_in(&net::netns_path(&ns));
+        }
+        for component in Component::ALL.iter().rev() {
+            if let Some((_, p)) = self.control.iter_mut().find(|(c, _)| c == component) {
+                p.stop_blocking(libc::SIGTERM, component.stop_grace());
+            }
+        }
+        net::remove_leftovers();
+        if !self.options.keep
+            && self.info.dir.join(MARKER).exists()
+            && let Err(e) = fs::remove_dir_all(&self.info.dir)
+        {
+            tracing::warn!("removing {}: {e}", self.info.dir.display());
+        }
+        lock_file.release_clean();
+    }
+}
