@@ -461,7 +461,8 @@ pub(crate) fn launch_node(shared: &Shared) -> Result<String> {
     Ok(name)
 }
 
-/// Waits until the Nodes `names` are Ready, failing early when a stand-in exits.
+/// Waits until the stand-ins of Nodes `names` post their status (Ready, or NotReady while
+/// their node has no CNI configuration, as a kubelet's node), failing early when one exits.
 pub(crate) async fn wait_nodes_ready(
     shared: &Shared,
     client: &kube::Client,
@@ -488,7 +489,7 @@ pub(crate) async fn wait_nodes_ready(
         let ready: Vec<&str> = list
             .items
             .iter()
-            .filter(|n| crate::node_ready(n) == Some(true))
+            .filter(|n| crate::node_posting(n))
             .filter_map(|n| n.metadata.name.as_deref())
             .collect();
         if names.iter().all(|n| ready.contains(&n.as_str())) {
@@ -496,7 +497,8 @@ pub(crate) async fn wait_nodes_ready(
         }
         if Instant::now() > deadline {
             bail!(
-                "nodes {names:?} were not Ready within {timeout:?} (ready: {ready:?}); see the \
+                "nodes {names:?} did not post their status within {timeout:?} (posting: \
+                 {ready:?}); see the \
                  stand-ins' logs in {}",
                 lock(shared).info.dir.join("logs").display()
             );

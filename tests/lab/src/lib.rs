@@ -54,6 +54,17 @@ pub fn node_ready(node: &Node) -> Option<bool> {
         .map(|c| c.status == "True")
 }
 
+/// Whether a Node's kubelet posts its status: a Ready condition it wrote (Ready, or NotReady
+/// for a reason of its own such as no network yet), not the node lifecycle controller's
+/// `Unknown` for a node that stopped posting.
+pub fn node_posting(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status != "Unknown")
+}
+
 /// A lab cluster: started by this process ([`LabCluster::start`], torn down on drop) or by
 /// `allot-lab-cluster up` ([`LabCluster::from_env`], controlled over its socket).
 pub struct LabCluster {

@@ -88,7 +88,7 @@ pub struct Node {
     pub client: kube::Client,
     pub id: nodeobj::NodeIdentity,
     pub fs: Arc<hostfs::NodeFs>,
-    pub cni: cni::Cni,
+    pub cni: Arc<cni::Cni>,
     pub images: Vec<Image>,
     pub recorder: Arc<events::Recorder>,
     pub objects: volumes::ObjectCache,
@@ -152,13 +152,22 @@ async fn run(args: NodeArgs, fs: hostfs::NodeFs) -> Result<()> {
         ipv4: args.ipv4,
         ipv6: args.ipv6,
     };
-    register(&client, &id).await?;
-    tokio::spawn(nodeobj::heartbeat(client.clone(), id.clone()));
     let fs = Arc::new(fs);
+    let cni = Arc::new(cni::Cni::new(fs.clone(), args.parallel_cni));
+    // Why the node's network is not ready (the NotReady condition words the rest).
+    let network = {
+        let cni = cni.clone();
+        move || match cni.network() {
+            Ok(_) => Ok(()),
+            Err(cni::CniError::NotReady(why) | cni::CniError::Failed(why)) => Err(why),
+        }
+    };
+    register(&client, &id, &network()).await?;
+    tokio::spawn(nodeobj::heartbeat(client.clone(), id.clone(), network));
     let mut host_ips: Vec<IpAddr> = vec![args.ipv4.into()];
     host_ips.extend(args.ipv6.map(IpAddr::from));
     let node = Arc::new(Node {
-        cni: cni::Cni::new(fs.clone(), args.parallel_cni),
+        cni,
         recorder: Arc::new(events::Recorder::new(client.clone(), &args.name)),
         objects: volumes::ObjectCache::new(client.clone()),
         client,
@@ -187,13 +196,17 @@ async fn run(args: NodeArgs, fs: hostfs::NodeFs) -> Result<()> {
 
 /// Registers the Node, its Lease and first status, retrying while the API server is not
 /// there yet (a stand-in may start while it restarts).
-async fn register(client: &kube::Client, id: &nodeobj::NodeIdentity) -> Result<()> {
+async fn register(
+    client: &kube::Client,
+    id: &nodeobj::NodeIdentity,
+    network: &Result<(), String>,
+) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let attempt = async {
             nodeobj::register(client, id).await?;
             nodeobj::renew_lease(client, id).await?;
-            nodeobj::report_status(client, id).await
+            nodeobj::report_status(client, id, network).await
         };
         match attempt.await {
             Ok(()) => return Ok(()),

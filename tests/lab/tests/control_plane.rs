@@ -37,6 +37,11 @@ async fn rbac_restarts_and_a_lost_node() {
         return;
     };
     let admin = lab.client().await.unwrap();
+    // A network configuration on every node, so that they are Ready (a node without one is
+    // NotReady, as a kubelet's).
+    for (i, node) in lab.nodes().iter().enumerate() {
+        testing::macvlan_conflist(node, i + 1).unwrap();
+    }
 
     // The admin (system:masters) may do anything.
     let namespaces: Api<Namespace> = Api::all(admin.clone());
@@ -188,10 +193,12 @@ async fn rbac_restarts_and_a_lost_node() {
         "node-1 stays Ready"
     );
     lab.start_node("node-2").await.unwrap();
-    let node2 = nodes.get("node-2").await.unwrap();
-    assert_eq!(
-        allot_lab::node_ready(&node2),
-        Some(true),
-        "node-2 is Ready again"
-    );
+    wait_for("node-2 Ready again", Duration::from_secs(30), || async {
+        let node = nodes.get("node-2").await.map_err(|e| e.to_string())?;
+        match allot_lab::node_ready(&node) {
+            Some(true) => Ok(()),
+            other => Err(format!("Ready is {other:?}")),
+        }
+    })
+    .await;
 }

@@ -1,7 +1,8 @@
-//! Pods on the nodes' CNI configuration, as a user deploys them: a Deployment of busybox
-//! waits while the nodes have no network configuration (NetworkNotReady), then each replica
-//! gets an address from Debian's host-local through the bridge plugin and is Ready; deleting
-//! the Deployment runs CNI DEL (host-local's files go) and removes the pods' namespaces.
+//! Pods on the nodes' CNI configuration, as a user deploys them: while the nodes have no
+//! network configuration they are NotReady, as a kubelet's (network plugin not ready), and a
+//! Deployment of busybox is not scheduled; once configured, each replica gets an address from
+//! Debian's host-local through the bridge plugin and is Ready; deleting the Deployment runs CNI
+//! DEL (host-local's files go) and removes the pods' namespaces.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use allot_lab::testing::{self, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 fn deployment() -> Deployment {
@@ -74,11 +75,29 @@ async fn a_deployment_gets_addresses_from_the_nodes_cni_and_gives_them_back() {
         .await
         .unwrap();
 
-    // No network configuration on the nodes yet: the pods wait, saying why.
+    // No network configuration on the nodes yet: they are NotReady and say why, and the
+    // scheduler keeps the pods off them (the node lifecycle controller's not-ready taint).
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes.list(&ListParams::default()).await.unwrap() {
+        let ready = node
+            .status
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
+            .expect("a Ready condition");
+        assert_eq!(ready.status, "False");
+        assert!(
+            ready
+                .message
+                .as_deref()
+                .unwrap_or("")
+                .contains("cni plugin not initialized"),
+            "{ready:?}"
+        );
+    }
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     wait_for(
-        "a NetworkNotReady event",
-        Duration::from_secs(30),
+        "a FailedScheduling event: the nodes' taints",
+        Duration::from_secs(60),
         || async {
             let list = events
                 .list(&ListParams::default())
@@ -86,18 +105,24 @@ async fn a_deployment_gets_addresses_from_the_nodes_cni_and_gives_them_back() {
                 .map_err(|e| e.to_string())?;
             list.items
                 .into_iter()
-                .find(|e| e.reason.as_deref() == Some("NetworkNotReady"))
+                .find(|e| {
+                    e.reason.as_deref() == Some("FailedScheduling")
+                        && e.message
+                            .as_deref()
+                            .unwrap_or("")
+                            .contains("untolerated taint")
+                })
                 .map(|e| e.message.unwrap_or_default())
-                .ok_or_else(|| "no NetworkNotReady event".to_string())
+                .ok_or_else(|| "no FailedScheduling event".to_string())
         },
     )
     .await;
     for pod in testing::pods(&client, "default", "app=bb").await.unwrap() {
+        let spec = pod.spec.unwrap_or_default();
         let status = pod.status.unwrap_or_default();
-        assert_eq!(
-            status.phase.as_deref(),
-            Some("Pending"),
-            "a pod ran without a network"
+        assert!(
+            spec.node_name.is_none(),
+            "a pod was scheduled onto a node without a network"
         );
         assert!(
             status.pod_ip.is_none(),

@@ -74,8 +74,16 @@ pub async fn register(client: &kube::Client, id: &NodeIdentity) -> Result<()> {
     }
 }
 
-/// Patches the Node's status: Ready with a fresh heartbeat, addresses, capacity.
-pub async fn report_status(client: &kube::Client, id: &NodeIdentity) -> Result<()> {
+/// Patches the Node's status: Ready with a fresh heartbeat, addresses, capacity. As a kubelet,
+/// the node is NotReady while its container runtime reports no network (`network` is the
+/// reason: no CNI configuration yet), so that the node lifecycle controller taints it and only
+/// pods tolerating that are scheduled there (a CNI plugin's DaemonSet, which installs the
+/// configuration).
+pub async fn report_status(
+    client: &kube::Client,
+    id: &NodeIdentity,
+    network: &Result<(), String>,
+) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     // A kubelet reads its Node (the Node authorizer allows get, not get of nodes/status).
     let current = nodes.get(&id.name).await?;
@@ -114,7 +122,13 @@ pub async fn report_status(client: &kube::Client, id: &NodeIdentity) -> Result<(
                       "kubelet has no disk pressure"),
             condition("PIDPressure", "False", "KubeletHasSufficientPID",
                       "kubelet has sufficient PID available"),
-            condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            match network {
+                Ok(()) => condition("Ready", "True", "KubeletReady",
+                                    "kubelet is posting ready status"),
+                Err(why) => condition("Ready", "False", "KubeletNotReady", &format!(
+                    "container runtime network not ready: NetworkReady=false \
+                     reason:NetworkPluginNotReady message:Network plugin returns error: {why}")),
+            },
         ],
         "addresses": addresses,
         "capacity": resources,
@@ -174,16 +188,32 @@ pub async fn renew_lease(client: &kube::Client, id: &NodeIdentity) -> Result<()>
 
 /// Renews the Lease and reports status every [`RENEW_INTERVAL`], forever; failures are logged
 /// and retried at the next beat (an unreachable API server is what the lease is for).
-pub async fn heartbeat(client: kube::Client, id: NodeIdentity) {
-    let mut tick = tokio::time::interval(RENEW_INTERVAL);
+/// Renews the Lease and reports the status every [`RENEW_INTERVAL`], and the status at once
+/// when the network's readiness (`network()`) changes, as a kubelet does.
+pub async fn heartbeat(
+    client: kube::Client,
+    id: NodeIdentity,
+    network: impl Fn() -> Result<(), String> + Send + 'static,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reported: Option<(tokio::time::Instant, Result<(), String>)> = None;
     loop {
         tick.tick().await;
+        let now_network = network();
+        let due = match &reported {
+            None => true,
+            Some((at, last)) => at.elapsed() >= RENEW_INTERVAL || *last != now_network,
+        };
+        if !due {
+            continue;
+        }
         if let Err(e) = renew_lease(&client, &id).await {
             tracing::warn!("{e:#}");
         }
-        if let Err(e) = report_status(&client, &id).await {
-            tracing::warn!("{e:#}");
+        match report_status(&client, &id, &now_network).await {
+            Ok(()) => reported = Some((tokio::time::Instant::now(), now_network)),
+            Err(e) => tracing::warn!("{e:#}"),
         }
     }
 }
