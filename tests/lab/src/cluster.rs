@@ -278,6 +278,10 @@ pub(crate) async fn start(shared: &Shared) -> Result<()> {
         scheduler_kubeconfig: component_kc[1].clone(),
         node_monitor_grace: options.node_monitor_grace,
     };
+    std::fs::write(
+        crate::audit::policy_path(&layout.logs),
+        crate::audit::POLICY,
+    )?;
     {
         let mut st = lock(shared);
         st.info = ClusterInfo {

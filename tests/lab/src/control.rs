@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! restart etcd|kube-apiserver|kube-controller-manager|kube-scheduler
-//! stop-node NAME     SIGKILL its stand-in: no CNI DEL, no status update (a lost node)
+//! stop-node NAME     a lost node: SIGKILL its stand-in and every container it runs (no CNI
+//!                    DEL, no status update, nothing of the node answers any more)
 //! start-node NAME    start its stand-in again
 //! add-node           one more node; replies with its name
 //! status             cluster.json, refreshed
@@ -79,7 +80,19 @@ pub(crate) async fn execute(
                 .find(|n| n.info.name == *name)
                 .with_context(|| format!("no node {name}"))?;
             node.proc.kill();
-            format!("{name}: stand-in killed")
+            // The node's containers die with it, as a machine that lost its power: a lost
+            // node's agent or controller must not go on writing.
+            let mut killed = 0;
+            for (_, record) in crate::node::state::all(&node.info.root) {
+                for p in record.processes {
+                    if crate::node::containers::start_ticks(p.pid) == Some(p.start_ticks) {
+                        // SAFETY: kill(2) of the process group the stand-in gave the container.
+                        unsafe { libc::kill(-(p.pid as libc::pid_t), libc::SIGKILL) };
+                        killed += 1;
+                    }
+                }
+            }
+            format!("{name}: stand-in and {killed} container(s) killed")
         }
         Command::StartNode(name) => {
             {

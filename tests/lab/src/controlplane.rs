@@ -235,6 +235,18 @@ impl Layout {
                 format!("--proxy-client-cert-file={}", p(&self.front_proxy_cert)),
                 format!("--proxy-client-key-file={}", p(&self.front_proxy_key)),
                 "--profiling=false".to_string(),
+                // Who asked for what and what was answered, without bodies: tests read the
+                // refusals of the accounts they care about (crate::audit).
+                format!(
+                    "--audit-policy-file={}",
+                    p(&crate::audit::policy_path(&self.logs))
+                ),
+                format!(
+                    "--audit-log-path={}",
+                    p(&crate::audit::log_path(&self.logs))
+                ),
+                "--audit-log-maxsize=200".to_string(),
+                "--audit-log-maxbackup=1".to_string(),
             ],
             Component::KubeControllerManager => {
                 let kc = p(&self.controller_manager_kubeconfig);

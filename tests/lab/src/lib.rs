@@ -6,6 +6,7 @@
 //! A test starts its own cluster with [`LabCluster::start`] (torn down on drop), or attaches
 //! to one started by `allot-lab-cluster up` with [`LabCluster::from_env`].
 
+pub mod audit;
 pub mod cluster;
 pub mod control;
 pub mod controlplane;
@@ -135,6 +136,12 @@ impl LabCluster {
     /// The admin kubeconfig (`system:masters`).
     pub fn kubeconfig(&self) -> PathBuf {
         self.info().kubeconfig
+    }
+
+    /// The requests of users whose name starts with `user_prefix` that the API server refused
+    /// with 403 (RBAC, the Node authorizer), from its audit log.
+    pub fn forbidden(&self, user_prefix: &str) -> Result<Vec<audit::Request>> {
+        audit::requests(&self.info().dir.join("logs"), user_prefix, 403)
     }
 
     /// A client with the admin kubeconfig.
