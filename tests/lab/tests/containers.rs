@@ -314,10 +314,18 @@ async fn real_containers_follow_the_pod_spec() {
     .unwrap();
     let netns = allot_lab::net::netns_path(record["netns"].as_str().unwrap());
     lab.stop_node("node-2").await.unwrap();
-    assert!(
-        !allot_lab::net::pids_in_netns(&netns).is_empty(),
-        "a lost node's containers keep running"
-    );
+    // A lost node is a machine that lost its power: its containers die with it, and its pod's
+    // namespace (kept on the node's disk, as it were) waits for the node to come back.
+    wait_for(
+        "the lost node's containers gone",
+        Duration::from_secs(10),
+        || async {
+            let left = allot_lab::net::pids_in_netns(&netns);
+            if left.is_empty() { Ok(()) } else { Err(left) }
+        },
+    )
+    .await;
+    assert!(netns.exists(), "the orphan's namespace waits for its node");
     pods.delete(
         "orphan",
         &DeleteParams {
