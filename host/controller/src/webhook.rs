@@ -82,6 +82,14 @@ pub struct WebhookArgs {
         default_value = "allot"
     )]
     pub config_name: String,
+    /// The ClusterRole that owns both configurations (the chart's `allot-controller`): deleting
+    /// it, as `helm uninstall` does with or without its hooks, deletes them. Empty: no owner.
+    #[arg(
+        long = "webhook-owner",
+        env = "ALLOT_WEBHOOK_OWNER",
+        default_value = ""
+    )]
+    pub owner: String,
     /// Seconds between checks of the certificate and the configurations (they are also watched).
     #[arg(long = "webhook-check-seconds", env = "ALLOT_WEBHOOK_CHECK_SECONDS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -98,6 +106,7 @@ impl WebhookArgs {
             service_port: self.service_port,
             secret: self.secret.clone(),
             config_name: self.config_name.clone(),
+            owner: Some(self.owner.clone()).filter(|o| !o.is_empty()),
             check_every: Duration::from_secs(self.check_seconds),
             certs: CertPolicy::default(),
         }
@@ -114,6 +123,8 @@ pub struct Settings {
     pub service_port: u16,
     pub secret: String,
     pub config_name: String,
+    /// The ClusterRole that owns the configurations, if any.
+    pub owner: Option<String>,
     pub check_every: Duration,
     pub certs: CertPolicy,
 }
@@ -125,6 +136,7 @@ impl Settings {
             namespace: self.namespace.clone(),
             service: self.service.clone(),
             port: self.service_port,
+            owner: self.owner.clone(),
         }
     }
 }

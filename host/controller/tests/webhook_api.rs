@@ -212,6 +212,7 @@ fn target() -> Target {
         namespace: "allot".into(),
         service: "allot-webhook".into(),
         port: 443,
+        owner: None,
     }
 }
 

@@ -35,6 +35,7 @@ fn settings(certs: CertPolicy) -> Settings {
         service_port: 443,
         secret: "allot-webhook-tls".into(),
         config_name: "allot".into(),
+        owner: None,
         // Long: what these tests see happen is driven by watches and due renewals.
         check_every: Duration::from_secs(60),
         certs,

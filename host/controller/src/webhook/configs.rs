@@ -18,6 +18,11 @@
 //!   converted to the one this code decodes.
 //! - Only writes of pools, subnets, reserved addresses and fleet objects are matched: never
 //!   IPBlocks or Endpoints (the agents' hot path), never status subresources.
+//! - Owned by a cluster-scoped object of the installation (the chart's ClusterRole
+//!   `allot-controller`, `--webhook-owner`): whatever takes the installation away (`helm
+//!   uninstall`, with or without its hooks) takes the configurations with it through the
+//!   garbage collector, so none is left calling a Service that is gone and refusing every
+//!   pool write.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -27,7 +32,8 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
     ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Resource};
 use serde::Serialize;
@@ -52,6 +58,8 @@ pub struct Target {
     pub namespace: String,
     pub service: String,
     pub port: u16,
+    /// The ClusterRole that owns both configurations, if any (`--webhook-owner`).
+    pub owner: Option<String>,
 }
 
 fn rule(operations: &[&str], resources: &[&str], scope: &str) -> RuleWithOperations {
@@ -152,23 +160,60 @@ pub enum Outcome {
     Repaired(Vec<String>),
 }
 
-/// Makes both configurations what this controller serves, trusting `bundle`.
+/// Makes both configurations what this controller serves, trusting `bundle`, owned by the
+/// target's owner when it exists.
 pub async fn ensure(
     client: &kube::Client,
     target: &Target,
     bundle: &[u8],
 ) -> anyhow::Result<[Outcome; 2]> {
+    let owner = match &target.owner {
+        Some(name) => owner_reference(client, name).await?,
+        None => None,
+    };
+    let mut validating = validating(target, bundle);
+    validating.metadata.owner_references = owner.clone().map(|o| vec![o]);
+    let mut mutating = mutating(target, bundle);
+    mutating.metadata.owner_references = owner.map(|o| vec![o]);
     let validating = ensure_one(
         Api::<ValidatingWebhookConfiguration>::all(client.clone()),
-        validating(target, bundle),
+        validating,
     )
     .await?;
     let mutating = ensure_one(
         Api::<MutatingWebhookConfiguration>::all(client.clone()),
-        mutating(target, bundle),
+        mutating,
     )
     .await?;
     Ok([validating, mutating])
+}
+
+/// The ClusterRole `name` as the configurations' owner; `None` (said in the log) when it does
+/// not exist, so that a controller run without the chart still serves.
+async fn owner_reference(
+    client: &kube::Client,
+    name: &str,
+) -> anyhow::Result<Option<OwnerReference>> {
+    let what = format!("ClusterRole {name}");
+    let api = Api::<ClusterRole>::all(client.clone());
+    let role = request(&what, "get", api.get_opt(name))
+        .await?
+        .map_err(|e| api_error(&what, "get", e))?;
+    let Some(role) = role else {
+        tracing::warn!(
+            "webhook: {what} (--webhook-owner) does not exist: the configurations are made without an owner"
+        );
+        return Ok(None);
+    };
+    Ok(role.metadata.uid.map(|uid| OwnerReference {
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: "ClusterRole".into(),
+        name: name.to_string(),
+        uid,
+        // Deleting the owner never waits for the configurations.
+        block_owner_deletion: Some(false),
+        controller: Some(false),
+    }))
 }
 
 /// Deletes both configurations (for an uninstall: a pre-delete hook runs it, so that no
@@ -228,7 +273,15 @@ where
                 Err(e) => return Err(api_error(&what, "create", e)),
             }
         };
-        let differs = differences(&essentials(&live), &essentials(&desired));
+        let mut differs = differences(&essentials(&live), &essentials(&desired));
+        let owners = |k: &K| k.meta().owner_references.clone().unwrap_or_default();
+        let missing: Vec<OwnerReference> = owners(&desired)
+            .into_iter()
+            .filter(|o| !owners(&live).iter().any(|l| l.uid == o.uid))
+            .collect();
+        if !missing.is_empty() {
+            differs.push("ownerReferences".into());
+        }
         if differs.is_empty() {
             return Ok(Outcome::Unchanged);
         }
@@ -238,6 +291,11 @@ where
         let wanted = serde_json::to_value(&desired)?;
         repaired["webhooks"] = wanted["webhooks"].clone();
         repaired["metadata"]["labels"][MANAGED_BY.0] = Value::from(MANAGED_BY.1);
+        if !missing.is_empty() {
+            let mut all = owners(&live);
+            all.extend(missing);
+            repaired["metadata"]["ownerReferences"] = serde_json::to_value(all)?;
+        }
         let repaired: K = serde_json::from_value(repaired)?;
         match request(
             &what,
