@@ -2,6 +2,7 @@
 
 mod cni_cmd;
 mod crds_cmd;
+mod crds_delete;
 mod fleet_cmd;
 mod gc_cmd;
 mod harness;
@@ -59,8 +60,15 @@ enum Command {
         /// Helm chart runs it before every install and upgrade, since Helm never upgrades CRDs.
         #[arg(long)]
         apply: bool,
-        /// With --apply: how long to wait for the CRDs to be Established.
-        #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "apply")]
+        /// Delete them from the cluster, with every object of theirs: the last step of an
+        /// uninstall. Takes off the finalizer a controller that is gone left on pools and
+        /// Subnets, and webhook configurations left calling a Service that is gone. Waits for
+        /// a controller that is stopping to give its Lease up; refused while one still leads.
+        #[arg(long, conflicts_with_all = ["apply", "out"])]
+        delete: bool,
+        /// With --apply: how long to wait for the CRDs to be Established; with --delete, for
+        /// the controller to stop leading and then for the CRDs to be gone.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
         wait_seconds: u64,
     },
     /// The CNI plugin on a node.
@@ -191,6 +199,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pool(c) => store_cmd::pool_command(&cli.store, c),
         Command::Fleet(c) => fleet_cmd::fleet_command(c),
         Command::Gc(c) => gc_cmd::gc_command(&cli.store, &c),
+        Command::Crds {
+            delete: true,
+            wait_seconds,
+            ..
+        } => crds_delete::delete(
+            cli.store.kubeconfig.as_deref(),
+            Duration::from_secs(wait_seconds),
+        ),
         Command::Crds {
             out, apply: false, ..
         } => crds_cmd::print_or_write(out.as_deref()),
