@@ -9,7 +9,8 @@ POLICY_0_1_0 := tests/fixtures/default-policy-0.1.0/default_policy.wasm
 SCENARIOS_SINCE_0_1_0 := examples/scenarios/sort examples/scenarios/dual-stack \
 	examples/scenarios/malformed examples/scenarios/wildcards
 
-.PHONY: run test setup build policies lint scenarios schemas chart unit bench fuzz image
+.PHONY: run test setup build policies lint scenarios schemas chart unit bench fuzz image \
+	cluster cluster-test
 
 # The main job: the node agent in standalone mode on examples/standalone/ with the embedded
 # default policy, listening on /run/allot/agent.sock (see the README for a pod's-eye view).
@@ -17,7 +18,7 @@ run: build
 	exec target/release/allot-agent --standalone examples/standalone
 
 # The whole test suite, as CI runs it (.ci/run).
-test: lint build policies scenarios schemas chart unit
+test: lint build policies scenarios schemas chart unit cluster-test
 
 setup:
 	@scripts/setup.sh
@@ -71,8 +72,20 @@ image:
 	fi; \
 	set -x; if [ $$builder = buildah ]; then buildah bud -t $(IMAGE) .; else $$builder build -t $(IMAGE) .; fi
 
+# Everything but the real-cluster suite (cluster-test runs it on labs of its own).
 unit: policies
-	$(CARGO) nextest run --release --locked --workspace
+	$(CARGO) nextest run --release --locked --workspace -E 'not package(allot-cluster-tests)'
+
+# A local Kubernetes control plane (tests/lab: upstream etcd, kube-apiserver,
+# kube-controller-manager and kube-scheduler, three nodes backed by network namespaces) until
+# Ctrl-C; prints KUBECONFIG=PATH once ready. The README's "Try it on a local control plane".
+cluster: build policies
+	exec target/release/allot-lab-cluster up
+
+# The real-cluster suite on that control plane: allot installed with real helm, and what users
+# do with it (scripts/cluster-test.sh).
+cluster-test: build policies
+	scripts/cluster-test.sh
 
 bench: build policies
 	$(CARGO) bench --locked -p allot-policy --bench decision
