@@ -322,5 +322,26 @@ async fn the_admission_webhook_refuses_what_would_strand_or_double_an_address() 
         "the refusal names the address and its pod: {stderr}"
     );
     s.must("kubectl", &["delete", "namespace", &ns, "--wait=true"]);
+
+    // The webhook listens on both families: an IPv6-only cluster's API server dials a webhook
+    // endpoint's IPv6 address, which a listener on 0.0.0.0 never answers. Every controller
+    // replica accepts on each of its pod's addresses (on the host network here: its node's).
+    let controllers = s
+        .pods(NAMESPACE, "app.kubernetes.io/component=controller")
+        .await;
+    assert!(!controllers.is_empty(), "no controller pods");
+    for pod in &controllers {
+        let ips = pod_ips(pod);
+        assert!(
+            ips.iter().any(IpAddr::is_ipv6) && ips.iter().any(IpAddr::is_ipv4),
+            "{:?}: podIPs {ips:?}",
+            pod.metadata.name
+        );
+        for ip in ips {
+            let address = std::net::SocketAddr::new(ip, 9443);
+            std::net::TcpStream::connect_timeout(&address, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("the webhook on {address}: {e}"));
+        }
+    }
     s.no_refusals();
 }
