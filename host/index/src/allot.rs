@@ -3,13 +3,20 @@
 //! deserialize (a field an older agent does not know, a hand edit the schema let through) is
 //! one invalid object, never a watch that fails for every pool.
 
+use std::sync::Arc;
+
 use allot_core::config::{Invalid, ObjectKind, Observed};
 use allot_core::documents;
-use kube::api::DynamicObject;
+use allot_k8s::{IPPool, ReservedIP, Subnet};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
-use crate::feed::IndexResource;
-use crate::index::{Index, Kind};
+use crate::feed::{IndexResource, feed};
+use crate::index::{Index, Kind, Shared};
 
 /// An IPPool as the watch delivered it.
 #[derive(Clone, Debug)]
@@ -88,3 +95,48 @@ macro_rules! allot_kind {
 allot_kind!(PoolObject, ObjectKind::IpPool, Kind::IpPool);
 allot_kind!(SubnetObject, ObjectKind::Subnet, Kind::Subnet);
 allot_kind!(ReservedObject, ObjectKind::ReservedIp, Kind::ReservedIp);
+
+/// The watches of allot's IPPools, Subnets and ReservedIPs into `index`, for the caller to
+/// spawn: read untyped, so that core's loader checks each object on its own (see
+/// [`PoolObject`]). The agent's index and both of the controller's take them the same way.
+pub fn pool_document_feeds<I>(
+    index: &Arc<Shared<I>>,
+    client: &kube::Client,
+    config: &watcher::Config,
+) -> [BoxFuture<'static, ()>; 3]
+where
+    I: IndexResource<PoolObject>
+        + IndexResource<SubnetObject>
+        + IndexResource<ReservedObject>
+        + Send
+        + Sync
+        + 'static,
+{
+    let watch = |r: ApiResource| {
+        watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &r),
+            config.clone(),
+        )
+        .default_backoff()
+    };
+    [
+        feed(
+            index.clone(),
+            watch(ApiResource::erase::<IPPool>(&())),
+            PoolObject,
+        )
+        .boxed(),
+        feed(
+            index.clone(),
+            watch(ApiResource::erase::<Subnet>(&())),
+            SubnetObject,
+        )
+        .boxed(),
+        feed(
+            index.clone(),
+            watch(ApiResource::erase::<ReservedIP>(&())),
+            ReservedObject,
+        )
+        .boxed(),
+    ]
+}

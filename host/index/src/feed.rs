@@ -2,14 +2,9 @@
 
 use std::sync::Arc;
 
-use allot_k8s::{IPPool, ReservedIP, Subnet};
-use futures::future::BoxFuture;
-use futures::{FutureExt, Stream, StreamExt};
-use kube::Api;
-use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::{WatchStreamExt, watcher};
+use futures::{Stream, StreamExt};
+use kube::runtime::watcher;
 
-use crate::allot::{PoolObject, ReservedObject, SubnetObject};
 use crate::index::Shared;
 
 /// How an index takes one kind of object (kubert's `IndexNamespacedResource`, in small).
@@ -64,49 +59,4 @@ where
             }
         }
     }
-}
-
-/// The watches of allot's IPPools, Subnets and ReservedIPs into `index`, for the caller to
-/// spawn: read untyped, so that core's loader checks each object on its own (see
-/// [`PoolObject`]). The agent's index and both of the controller's take them the same way.
-pub fn pool_document_feeds<I>(
-    index: &Arc<Shared<I>>,
-    client: &kube::Client,
-    config: &watcher::Config,
-) -> [BoxFuture<'static, ()>; 3]
-where
-    I: IndexResource<PoolObject>
-        + IndexResource<SubnetObject>
-        + IndexResource<ReservedObject>
-        + Send
-        + Sync
-        + 'static,
-{
-    let watch = |r: ApiResource| {
-        watcher(
-            Api::<DynamicObject>::all_with(client.clone(), &r),
-            config.clone(),
-        )
-        .default_backoff()
-    };
-    [
-        feed(
-            index.clone(),
-            watch(ApiResource::erase::<IPPool>(&())),
-            PoolObject,
-        )
-        .boxed(),
-        feed(
-            index.clone(),
-            watch(ApiResource::erase::<Subnet>(&())),
-            SubnetObject,
-        )
-        .boxed(),
-        feed(
-            index.clone(),
-            watch(ApiResource::erase::<ReservedIP>(&())),
-            ReservedObject,
-        )
-        .boxed(),
-    ]
 }

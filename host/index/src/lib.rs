@@ -38,9 +38,9 @@ pub mod multus;
 mod resources;
 mod workloads;
 
-pub use allot::{PoolObject, ReservedObject, SubnetObject};
+pub use allot::{PoolObject, ReservedObject, SubnetObject, pool_document_feeds};
 pub use cluster::{ClusterIndex, ClusterKind, EndpointObject, PodEntry};
-pub use feed::{IndexResource, feed, pool_document_feeds};
+pub use feed::{IndexResource, feed};
 pub use fleet::{
     CapiClusterObject, ClusterEntry, FleetAllocationEntry, FleetIndex, FleetKind, FleetPoolEntry,
     IpamAllocationObject, IpamPoolObject,
