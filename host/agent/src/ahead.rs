@@ -63,7 +63,7 @@ use allot_api::{AddRequest, ParentKind, Preprobed, ProbeSettings};
 use allot_core::engine::AddOutcome;
 use allot_probe::{GatewayOutcome, MacAddr, MacvlanPort, ProbeConfig, ProbeError, ProbeOutcome};
 
-use crate::args::AgentEngine;
+use crate::engine::AgentEngine;
 use crate::metrics::Metrics;
 
 /// A pool registered with a link and not served to a probing ADD on it for this long is no

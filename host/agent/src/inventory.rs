@@ -1,69 +1,18 @@
-//! The configuration in force: what the last reload of the standalone directory installed, what
-//! it held back and why, and the periodic work that keeps it (and the engine's index) current.
+//! Where pools come from and how they are reloaded: the standalone directory, etcd's config
+//! keys or the cluster's objects, each reload deciding what is in force (never more allocatable
+//! addresses than before because of an invalid object), and the periodic work that keeps the
+//! configuration and the engine's index current.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use allot_api::ConfigProblem;
-use allot_core::config::{InForce, Problem, reconcile};
+use allot_core::config::reconcile;
 
-use crate::server::Shared;
+use crate::config::{ConfigState, lock};
+use crate::node::Node;
 use crate::standalone;
-
-/// What the agent last made of its configuration.
-#[derive(Default)]
-pub struct ConfigState {
-    /// The versions in force (what the engine serves).
-    pub in_force: InForce,
-    /// Objects not (entirely) in force, and why.
-    pub problems: Vec<Problem>,
-    /// Files that could not be read completely, and why.
-    pub incomplete: Vec<(String, String)>,
-    /// Why the last reload installed nothing at all (the directory unreadable, the store
-    /// failing), if it did.
-    pub failure: Option<String>,
-}
-
-impl ConfigState {
-    /// Whether what is in force differs from what the files say, or the last reload failed:
-    /// reloads are retried every tick until it is not.
-    pub fn degraded(&self) -> bool {
-        !self.problems.is_empty() || !self.incomplete.is_empty() || self.failure.is_some()
-    }
-
-    /// Everything wrong, as `GET /v1/status` lists it.
-    pub fn listed(&self) -> Vec<ConfigProblem> {
-        let mut out: Vec<ConfigProblem> = self
-            .incomplete
-            .iter()
-            .map(|(file, why)| ConfigProblem {
-                kind: "File".into(),
-                name: file.clone(),
-                state: "incomplete".into(),
-                reason: why.clone(),
-            })
-            .collect();
-        out.extend(self.problems.iter().map(|p| ConfigProblem {
-            kind: p.kind.to_string(),
-            name: p.name.clone(),
-            state: p.state.as_str().into(),
-            reason: p.reason.clone(),
-        }));
-        if let Some(why) = &self.failure {
-            out.push(ConfigProblem {
-                kind: "Reload".into(),
-                name: String::new(),
-                state: "failed".into(),
-                reason: why.clone(),
-            });
-        }
-        out
-    }
-}
-
-pub type SharedConfig = Mutex<ConfigState>;
 
 /// How a cluster-mode reload before the first lists of pools says why it installed nothing.
 const WAITING_FOR_LISTS: &str = "waiting for the first list of";
@@ -127,28 +76,23 @@ impl Source {
     }
 }
 
-fn lock(config: &SharedConfig) -> std::sync::MutexGuard<'_, ConfigState> {
-    config.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Reads the directory, decides what is in force (never more allocatable addresses than before
 /// because of an invalid object), and installs it. Blocking: call off the async threads.
-pub fn reload(shared: &Shared, source: &Source) {
-    let first_load = !shared.engine.is_loaded();
+pub fn reload(node: &Node, source: &Source) {
+    let first_load = !node.engine().is_loaded();
     let result = (|| -> Result<(), String> {
         let observation = source.load()?;
-        let previous = lock(&shared.config).in_force.clone();
-        let serving = serving_pools(shared)?;
+        let previous = lock(node.config()).in_force.clone();
+        let serving = serving_pools(node)?;
         let reconciled = reconcile(&previous, &observation, &|name| serving.contains(name));
-        shared
-            .engine
+        node.engine()
             .load(
                 reconciled.in_force.pools(),
                 reconciled.in_force.subnets(),
                 reconciled.in_force.reserved(),
             )
             .map_err(|e| e.to_string())?;
-        let mut config = lock(&shared.config);
+        let mut config = lock(node.config());
         let incomplete: Vec<(String, String)> = observation.incomplete.into_iter().collect();
         if reconciled.problems != config.problems || incomplete != config.incomplete {
             for p in &reconciled.problems {
@@ -170,7 +114,7 @@ pub fn reload(shared: &Shared, source: &Source) {
         Ok(())
     })();
     if let Err(why) = result {
-        let mut config = lock(&shared.config);
+        let mut config = lock(node.config());
         if config.failure.as_deref() != Some(why.as_str()) {
             if why.starts_with(WAITING_FOR_LISTS) {
                 // Cluster mode starting: not a failure yet.
@@ -181,9 +125,9 @@ pub fn reload(shared: &Shared, source: &Source) {
         }
         config.failure = Some(why);
     }
-    let config = lock(&shared.config);
-    shared.metrics.set_config(&config);
-    if first_load && shared.engine.is_loaded() {
+    let config = lock(node.config());
+    node.metrics().set_config(&config);
+    if first_load && node.engine().is_loaded() {
         // The first load read every claim (the store's list, the engine's snapshot): hand the
         // freed pages of those transient copies back to the system, or the resident set keeps
         // them for good.
@@ -193,13 +137,13 @@ pub fn reload(shared: &Shared, source: &Source) {
 
 /// Pools that hold claims: they win overlaps. Before the first load the engine knows no pools,
 /// so the store says which pools hold claims (once, at start).
-fn serving_pools(shared: &Shared) -> Result<BTreeSet<String>, String> {
-    if shared.engine.is_loaded() {
-        return Ok(shared.engine.serving_pools());
+fn serving_pools(node: &Node) -> Result<BTreeSet<String>, String> {
+    if node.engine().is_loaded() {
+        return Ok(node.engine().serving_pools());
     }
     use allot_core::store::Store as _;
-    let claims = shared
-        .engine
+    let claims = node
+        .engine()
         .store()
         .all()
         .map_err(|e| format!("reading claims: {e}"))?;
@@ -207,9 +151,9 @@ fn serving_pools(shared: &Shared) -> Result<BTreeSet<String>, String> {
 }
 
 /// The agent's periodic work, one blocking call per tick: reload when the files changed or the
-/// configuration is degraded, follow the store's change feed, replay the plugin's DEL journal,
-/// release kept StatefulSet addresses past their keep time.
-pub async fn run(shared: Arc<Shared>, source: Source, journal: PathBuf, every: Duration) {
+/// configuration is degraded, follow the store's change feed, replay the DEL journal, release
+/// kept StatefulSet addresses past their keep time.
+pub async fn run(node: Arc<Node>, source: Source, every: Duration) {
     let mut last = source.fingerprint();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -217,9 +161,8 @@ pub async fn run(shared: Arc<Shared>, source: Source, journal: PathBuf, every: D
     let mut last_expiry = tokio::time::Instant::now();
     loop {
         tick.tick().await;
-        let s = shared.clone();
+        let node = node.clone();
         let source = source.clone();
-        let journal = journal.clone();
         let expire = last_expiry.elapsed() >= expire_every;
         if expire {
             last_expiry = tokio::time::Instant::now();
@@ -227,29 +170,21 @@ pub async fn run(shared: Arc<Shared>, source: Source, journal: PathBuf, every: D
         let fingerprint = last;
         let work = tokio::task::spawn_blocking(move || {
             let now = source.fingerprint();
-            let degraded = lock(&s.config).degraded();
+            let degraded = lock(node.config()).degraded();
             if now != fingerprint || degraded {
                 if now != fingerprint {
                     tracing::info!(source = %source.describe(), "pools changed; reloading");
                 }
-                reload(&s, &source);
+                reload(&node, &source);
             }
-            if let Err(e) = s.engine.tick() {
+            if let Err(e) = node.engine().tick() {
                 tracing::warn!("following the store's changes: {e}");
             }
-            crate::journal::replay(&s, &journal);
+            node.replay_journal();
             if expire {
                 // Resyncs read every claim again; give their transient copies back.
                 crate::memory::release_free_pages();
-                match s.engine.expire_kept() {
-                    Ok(released) => {
-                        s.metrics.releases.inc_by(released.len() as u64);
-                        for c in &released {
-                            tracing::info!(address = %c.address, pod = %format!("{}/{}", c.pod.namespace, c.pod.name), "released a kept StatefulSet address: the pod did not come back");
-                        }
-                    }
-                    Err(e) => tracing::warn!("releasing expired StatefulSet addresses: {e}"),
-                }
+                node.expire_kept();
             }
             now
         })

@@ -1,17 +1,4 @@
-//! allot-agent: the node agent. Standalone mode reads pools from YAML files and serves the
-//! allot CNI plugin over a unix socket.
-
-mod ahead;
-mod args;
-mod cluster;
-mod inventory;
-mod journal;
-mod memory;
-mod metrics;
-mod quarantine;
-mod recorded;
-mod server;
-mod standalone;
+//! allot-agent: the node agent (see the library's documentation).
 
 use std::process::ExitCode;
 
@@ -24,8 +11,8 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = args::Args::parse();
-    match args::run(args) {
+    let args = allot_agent::args::Args::parse();
+    match allot_agent::run::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

@@ -3,7 +3,7 @@
 
 use allot_core::engine::PoolUsage;
 
-use crate::inventory::ConfigState;
+use crate::config::ConfigState;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -67,6 +67,12 @@ pub struct Metrics {
     policy_faults: Family<FaultLabel, Counter>,
     /// Serialises scrapes (counters are advanced to the engine's totals while encoding).
     encoding: std::sync::Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
 }
 
 impl Metrics {

@@ -1,0 +1,304 @@
+//! Wiring: the store, the policy registry and the engine a node is made of, from the flags;
+//! then its background work (watches, the Policy follower, reloads, the journal's replay,
+//! quarantine expiry) and the servers, until SIGINT or SIGTERM.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_core::engine::{Engine, EngineConfig, seed_of};
+use allot_core::store::{Store, system_clock};
+use allot_policy::{
+    Limits, OnFailure, PolicyEngine, PolicyRegistry, PolicySource, PrecompiledCache,
+};
+use allot_store::OpenedStore;
+use anyhow::{Context as _, bail};
+
+use crate::args::{Args, FailureMode};
+use crate::cluster::{self, Cluster, EndpointWriter, PolicyFollower};
+use crate::engine::{AgentEngine, STANDALONE_CLUSTER};
+use crate::inventory;
+use crate::journal::Journal;
+use crate::node::Node;
+use crate::server;
+
+/// Runs the agent `args` describe until it is told to stop.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(dir) = &args.standalone
+        && !dir.is_dir()
+    {
+        bail!(
+            "--standalone {}: not a directory of pool YAML files",
+            dir.display()
+        );
+    }
+    let underlay = args.underlay.underlay()?;
+    let node_name = match &args.node_name {
+        Some(n) => n.clone(),
+        None => hostname(),
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()
+        .context("starting the async runtime")?;
+    let (store, source, etcd, cluster) = if args.kubernetes {
+        let store = allot_store::KubeStore::connect(&allot_store::KubeConfig {
+            kubeconfig: args.store.kubeconfig.clone(),
+            node: Some(node_name.clone()),
+            timeout: None,
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        tracing::info!(node = %node_name, "cluster mode: claims are kept in the cluster's IPBlocks");
+        let client = runtime
+            .block_on(allot_store::kube_client(args.store.kubeconfig.as_deref()))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let index = allot_index::SharedIndex::new(&node_name);
+        let cluster = Cluster {
+            index: index.clone(),
+            client: client.clone(),
+            pod_wait: Duration::from_millis(args.pod_wait_ms),
+            endpoints: EndpointWriter::new(client, &node_name, runtime.handle().clone()),
+        };
+        let store: Arc<dyn Store> = Arc::new(store);
+        (
+            store,
+            inventory::Source::Cluster(index),
+            None,
+            Some(cluster),
+        )
+    } else {
+        let opened = args
+            .store
+            .open(&args.state)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        tracing::info!(store = %opened.describe(), "claims are kept in this store");
+        let source = match (&args.standalone, &opened) {
+            (_, OpenedStore::Kubernetes(_)) => bail!(
+                "--store kubernetes is cluster mode: run the agent with --kubernetes \
+                 [--kubeconfig FILE] instead"
+            ),
+            (Some(dir), _) => inventory::Source::Dir(dir.clone()),
+            (None, OpenedStore::Etcd(etcd)) => inventory::Source::Etcd(etcd.clone()),
+            (None, OpenedStore::Sqlite(_)) => bail!(
+                "no pools to serve: run with --standalone DIR (pools from YAML files), with \
+                 --store etcd://HOST:PORT to read the pools `allotctl pool apply` wrote to etcd, \
+                 or with --kubernetes to serve a cluster's pools"
+            ),
+        };
+        let etcd = match &opened {
+            OpenedStore::Etcd(etcd) => Some(etcd.clone()),
+            OpenedStore::Sqlite(_) | OpenedStore::Kubernetes(_) => None,
+        };
+        (opened.shared(), source, etcd, None)
+    };
+    let limits = Limits {
+        memory_bytes: args.policy_memory_mib << 20,
+        deadline: Duration::from_millis(args.policy_deadline_ms),
+        ..Limits::default()
+    };
+    let cache = match &args.cache_dir {
+        Some(d) => Some(PrecompiledCache::new(d)),
+        None if std::env::var_os("ALLOT_CACHE_DIR").is_none()
+            && unsafe { libc::geteuid() } == 0 =>
+        {
+            Some(PrecompiledCache::new("/var/cache/allot/policies"))
+        }
+        None => PrecompiledCache::default_location(),
+    };
+    let policies = PolicyEngine::new(limits, cache.clone())?;
+    let default = Arc::new(policies.load(&PolicySource::embedded_default())?);
+    let decisions = (args.record_decisions > 0)
+        .then(|| Arc::new(allot_policy::DecisionLog::new(args.record_decisions)));
+    let mut registry = PolicyRegistry::new(default);
+    if let Some(log) = &decisions {
+        registry = registry.with_decision_log(log.clone());
+    }
+    let registry = Arc::new(registry);
+    let oci = allot_oci::Options {
+        plain_http: args.registry_plain_http.clone(),
+        credentials: None,
+    };
+    let mut base_policy = None;
+    if let Some(location) = &args.policy {
+        let mut source = match location.strip_prefix("oci://") {
+            Some(_) => {
+                let reference = allot_oci::OciSource::parse(location)?;
+                let pulled = runtime
+                    .block_on(allot_oci::pull(&reference, &oci))
+                    .context("pulling --policy")?;
+                tracing::info!(policy = %reference, manifest = %pulled.manifest_digest, component = %pulled.component_digest, "pulled the policy");
+                PolicySource::bytes(location.clone(), pulled.component)
+            }
+            None => PolicySource::file(location)?,
+        };
+        if let Some(hex) = &args.policy_sha256 {
+            source = source.with_sha256(hex);
+        }
+        let policy = Arc::new(policies.load(&source)?);
+        let on_failure = match args.policy_on_failure {
+            FailureMode::Fail => OnFailure::Fail,
+            FailureMode::Fallback => OnFailure::FallBackToDefault,
+        };
+        registry.install(STANDALONE_CLUSTER, policy.clone(), on_failure);
+        base_policy = Some((policy, on_failure));
+    }
+    // Several nodes write this store (etcd, the cluster's IPBlocks), or this node alone (SQLite).
+    let shared_store = etcd.is_some() || cluster.is_some();
+    let config = EngineConfig {
+        cooldown: args.cooldown_seconds,
+        gc_grace: args.gc_grace_seconds,
+        stateful_keep: args.statefulset_keep_seconds,
+        resync: args.resync_seconds.max(1),
+        // Nodes sharing a store start each pool at a place of their own, so they rarely race.
+        spread: shared_store.then(|| seed_of(&node_name)),
+        single_node: !shared_store,
+    };
+    let engine: Arc<AgentEngine> = Arc::new(
+        Engine::with_config(
+            store,
+            registry.for_cluster(STANDALONE_CLUSTER),
+            config,
+            system_clock(),
+        )
+        .on_node(&node_name),
+    );
+    let follower = cluster.as_ref().map(|c| PolicyFollower {
+        client: c.client.clone(),
+        registry: registry.clone(),
+        cluster: STANDALONE_CLUSTER.into(),
+        name: args.policy_object.clone(),
+        node: node_name.clone(),
+        base_limits: limits,
+        cache,
+        base: base_policy,
+        oci,
+    });
+    let mut node =
+        Node::new(node_name, engine, registry, Journal::new(&args.journal)).with_underlay(underlay);
+    if let Some(log) = decisions {
+        node = node.with_decisions(log);
+    }
+    if let Some(cluster) = cluster {
+        node = node.with_cluster(cluster);
+    }
+    let node = Arc::new(node);
+    let stopping = node.clone();
+
+    let served = runtime.block_on(async move {
+        // First, so that the kubelet's probes and Prometheus get answers while pools load.
+        if let Some(address) = args.metrics_address {
+            server::serve_metrics(node.clone(), address).await?;
+        }
+        if let Some(c) = node.cluster() {
+            cluster::watch(&c.index, &c.client);
+        }
+        if let Some(follower) = follower {
+            tokio::spawn(follower.run());
+        }
+        let first = node.clone();
+        let first_source = source.clone();
+        tokio::task::spawn_blocking(move || inventory::reload(&first, &first_source))
+            .await
+            .context("loading the pools")?;
+        // DELs remembered while this agent was away are served before any ADD is taken; an
+        // entry that cannot be served yet is settled by its attachment's ADD, or at a tick.
+        let replaying = node.clone();
+        tokio::task::spawn_blocking(move || replaying.replay_journal())
+            .await
+            .context("replaying the DEL journal")?;
+        if let Some(etcd) = etcd {
+            follow_watch(node.clone(), etcd);
+        }
+        let expiry = spawn_expiry(node.clone());
+        let ticker = tokio::spawn(inventory::run(
+            node.clone(),
+            source,
+            Duration::from_millis(args.reload_interval_ms.max(100)),
+        ));
+        let served = server::serve(node, &args.socket).await;
+        ticker.abort();
+        expiry.abort();
+        served
+    });
+    // The workers finish their probes, and macvlan probe ports are removed.
+    if let Some(ahead) = stopping.ahead() {
+        ahead.stop();
+    }
+    served
+}
+
+/// How often expired quarantines are looked for: a tenth of the quarantine, between 1 s and a
+/// minute.
+fn expiry_interval(quarantine_seconds: u64) -> Duration {
+    Duration::from_secs((quarantine_seconds / 10).clamp(1, 60))
+}
+
+/// Releases quarantined addresses once `--quarantine-seconds` have passed.
+fn spawn_expiry(node: Arc<Node>) -> tokio::task::JoinHandle<()> {
+    let every = expiry_interval(node.underlay().quarantine_seconds);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if !node.ready() {
+                continue;
+            }
+            let node = node.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || node.expire_quarantined()).await {
+                tracing::error!("releasing expired quarantines failed: {e}");
+            }
+        }
+    })
+}
+
+/// Applies other nodes' claims and releases as soon as the store's watch reports them, rather
+/// than at the next tick (which still follows the feed, and resyncs, as the safety net).
+fn follow_watch(node: Arc<Node>, etcd: Arc<allot_store::EtcdStore>) {
+    let spawned = std::thread::Builder::new()
+        .name("allot-follow".into())
+        .spawn(move || {
+            loop {
+                let seen = node.engine().revision();
+                if !node.engine().is_loaded() || !etcd.wait_for_change(seen, Duration::from_secs(5))
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                if let Err(e) = node.engine().sync() {
+                    tracing::debug!("following the store's watch: {e}");
+                }
+                if node.engine().revision() == seen {
+                    // Nothing applied (the store is unreachable): do not spin.
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start following the store's watch ({e}); the periodic tick will");
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_runs_often_enough() {
+        assert_eq!(expiry_interval(1), Duration::from_secs(1));
+        assert_eq!(expiry_interval(120), Duration::from_secs(12));
+        assert_eq!(
+            expiry_interval(crate::node::DEFAULT_QUARANTINE_SECONDS),
+            Duration::from_secs(60)
+        );
+    }
+}
