@@ -1,5 +1,5 @@
 """The dashboard and the documentation (scripts/check-chart.py, steps 6 and 2): the dashboard's
-queries against real /metrics, and what the README, docs/operations.md and NOTES.txt tell users
+queries against real /metrics, and what the README, docs/chart.md and NOTES.txt tell users
 to type, rendered or looked up."""
 import json
 import os
@@ -91,7 +91,7 @@ def check_dashboard(docs, agent_metrics, controller_metrics):
 
 # 7 -------------------------------------------------------------------------------------------
 DOC_SECTIONS = [("README.md", "## Install on a cluster"),
-                ("docs/operations.md", "## On a cluster: the Helm chart"),
+                ("docs/chart.md", "## On a cluster: the Helm chart"),
                 ("docs/fleet.md", "### RBAC")]
 
 

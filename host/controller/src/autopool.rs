@@ -1,6 +1,6 @@
 //! Subnet auto-pools: a workload whose pod template names Subnets in its `subnet`/`subnets`
 //! annotation gets, per Subnet, an IPPool carved from it, sized with the workload and deleted
-//! with it (see `docs/operations.md`, "Subnet auto-pools").
+//! with it (see `docs/controller.md`, "Subnet auto-pools").
 //!
 //! [`AutoPools::run`] watches Deployments, StatefulSets, ReplicaSets, Jobs, DaemonSets,
 //! CronJobs, IPPools, Subnets and ReservedIPs into a [`WorkloadIndex`], and, while this replica

@@ -245,7 +245,7 @@ fn is_conflict(e: &kube::Error) -> bool {
 fn api_error(what: &str, verb: &str, e: kube::Error) -> anyhow::Error {
     match e {
         kube::Error::Api(s) if s.code == 403 => anyhow::anyhow!(
-            "{what}: {verb}: {}; the controller's ServiceAccount needs {verb} on it (see the webhook RBAC in docs/operations.md)",
+            "{what}: {verb}: {}; the controller's ServiceAccount needs {verb} on it (see the webhook RBAC in docs/webhooks.md)",
             s.message
         ),
         other => anyhow::Error::new(other).context(format!("{what}: {verb}")),

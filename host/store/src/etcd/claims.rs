@@ -62,7 +62,7 @@ impl Backend {
     fn decode(&self, kv: &KeyValue) -> Result<Read, StoreError> {
         let claim = keys::decode(kv.key(), kv.value()).map_err(|e| {
             StoreError::Backend(format!(
-                "{e}; fix or delete the key with etcdctl (see docs/operations.md)"
+                "{e}; fix or delete the key with etcdctl (see docs/stores.md)"
             ))
         })?;
         Ok(Read {
