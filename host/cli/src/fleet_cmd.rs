@@ -1,12 +1,12 @@
 //! `allotctl fleet plan`: a fleet's allocations computed offline, with the decisions the
-//! controller makes (allot_fleet::plan), from the objects a platform team would apply.
+//! controller makes (allot_controller::fleet::plan), from the objects a platform team would apply.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use allot_fleet::{FleetCluster, Plan, plan};
+use allot_controller::fleet::{FleetCluster, Plan, plan};
 use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMPool};
 use anyhow::{Context as _, bail};
 use clap::{Subcommand, ValueEnum};
@@ -281,7 +281,7 @@ fn plan_command(
 fn render(p: &Plan, refused_clusters: &[String]) -> String {
     let mut out = String::new();
     let mut heading = (String::new(), String::new());
-    let who = |e: &allot_fleet::Entry| {
+    let who = |e: &allot_controller::fleet::Entry| {
         if e.cluster == e.namespace {
             e.namespace.clone()
         } else {

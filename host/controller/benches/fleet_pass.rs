@@ -1,5 +1,5 @@
 //! What the fleet controller pays per change at fleet scale, and what it would pay if every
-//! change ran the full `allot_fleet::sync` of the pool instead of a targeted pass:
+//! change ran the full `allot_controller::fleet::sync` of the pool instead of a targeted pass:
 //!
 //! - deciding a pass from the index (`wants`) when 10,000 clusters are all in order: the cost
 //!   of every watch event (including the controller's own writes) in the steady state;
@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use allot_controller::fleet::reconcile::{Events, Reconciler};
 use allot_controller::fleet::wants;
+use allot_controller::fleet::{FleetCluster, plan, sync};
 use allot_controller::lease::Leadership;
-use allot_fleet::{FleetCluster, plan, sync};
 use allot_index::{
     CapiClusterObject, FleetIndex, IndexResource, IpamAllocationObject, IpamPoolObject,
 };

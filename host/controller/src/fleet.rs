@@ -1,18 +1,27 @@
 //! Fleet ranges: each cluster of a fleet gets its own range or prefix from the IPAMPools that
-//! serve its datacenter (see `docs/fleet.md`).
+//! serve its datacenter (see `docs/fleet.md`). Core does the address arithmetic
+//! (`allot_core::fleet`); everything about the objects is here, in one place per role:
+//!
+//! - [`decide`](mod@decide): what one cluster gets from one pool on top of core's arithmetic
+//!   (the `deprecated` flag, a pool's records, adopting an allocation made elsewhere, every
+//!   IPAMAllocation that holds addresses counted as taken), and the checks the webhook runs;
+//! - [`plan`](mod@plan): a whole fleet decided offline, for `allotctl fleet plan`;
+//! - [`wants`]: what a pass must do, decided from the index alone;
+//! - [`api`]: [`allocate`], [`release`] and [`sync`] against the API, each allocation one
+//!   compare-and-swap on the pool's record (`IPAMPool.status.allocations`) before anything else
+//!   is written, so allocators racing (two controllers, a leader that lost its lease) can never
+//!   hand out overlapping ranges;
+//! - [`reconcile`] does a pass's work through them; [`workload`] copies each cluster's ConfigMap
+//!   into its workload cluster.
 //!
 //! [`FleetController::run`] watches IPAMPools, IPAMAllocations, the `allot-ipam-allocations`
 //! ConfigMaps and Cluster API `Cluster`s (untyped, `cluster.x-k8s.io`, so Cluster API need not be
 //! installed: a 404 on their list means "not served", logged once and looked at again with
 //! backoff) into a [`FleetIndex`], and, while this replica leads:
-//! - on every change (and with backoff after a pass that could not finish) runs a pass: the
-//!   work is decided from the index alone ([`wants`]) and done through `allot_fleet`'s
-//!   `allocate` and `release` ([`reconcile`]), whose compare-and-swap on the pool's record keeps
-//!   racing allocators from handing out overlapping ranges;
-//! - every `--fleet-resync-seconds` runs `allot_fleet::sync` on every pool;
-//! - copies each Cluster API cluster's ConfigMap into its workload cluster when asked to
-//!   ([`workload`]), in a loop of its own so that an unreachable workload cluster never holds up
-//!   an allocation.
+//! - on every change (and with backoff after a pass that could not finish) runs a pass;
+//! - every `--fleet-resync-seconds` runs [`sync`] on every pool;
+//! - copies each Cluster API cluster's ConfigMap into its workload cluster when asked to, in a
+//!   loop of its own so that an unreachable workload cluster never holds up an allocation.
 //!
 //! RBAC: get, list, watch on ipampools.allot.dev, update on ipampools/status; get, list, watch,
 //! create, update, patch, delete on ipamallocations.allot.dev, update and patch on
@@ -20,6 +29,9 @@
 //! clusters.cluster.x-k8s.io; create, patch on events.k8s.io events; get on secrets (only for
 //! the workload-cluster copy).
 
+pub mod api;
+pub mod decide;
+pub mod plan;
 pub mod reconcile;
 pub mod wants;
 pub mod workload;
@@ -47,6 +59,11 @@ use tokio::task::JoinSet;
 
 use crate::lease::Leadership;
 
+pub use api::{CONFIG_MAP, FleetApiError, MAX_ATTEMPTS, SyncReport, allocate, release, sync};
+pub use decide::{
+    Change, Current, FleetCluster, Refusal, check_allocation_object, check_pool_edit, decide,
+};
+pub use plan::{Entry, Plan, Release, plan};
 pub use reconcile::{Outcome, Reconciler};
 pub use wants::{Work, wants};
 pub use workload::{CopySettings, WorkloadCopier, connect_with_kubeconfig};
@@ -245,7 +262,7 @@ pub fn watch(
             Api::<ConfigMap>::all(client.clone()),
             config
                 .clone()
-                .fields(&format!("metadata.name={}", allot_fleet::CONFIG_MAP)),
+                .fields(&format!("metadata.name={}", crate::fleet::CONFIG_MAP)),
         )
         .default_backoff(),
         |c: ConfigMap| c,

@@ -33,7 +33,7 @@ pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 /// A Cluster's annotation that turns the copy of its ConfigMap into the workload cluster on
 /// (`"true"`) or off (`"false"`), whatever the controller's default.
 pub const WORKLOAD_COPY_ANNOTATION: &str = "allot.dev/workload-configmap";
-/// The ConfigMap allocations are projected into (allot_fleet's `CONFIG_MAP`).
+/// The ConfigMap allocations are projected into (`allot_controller::fleet::CONFIG_MAP`).
 pub const FLEET_CONFIG_MAP: &str = "allot-ipam-allocations";
 
 /// An IPAMPool as the watch delivered it.

@@ -1,4 +1,4 @@
-//! A pass's writes: [`Work`] from the index, done through `allot_fleet` (`allocate`, `release`,
+//! A pass's writes: [`Work`] from the index, done through [`super::api`] (`allocate`, `release`,
 //! `sync`), whose compare-and-swap on the pool's record keeps allocators that race (two
 //! controllers, a leader that lost its lease) from handing out overlapping ranges. Leadership is
 //! checked before each call; a pass stops at the first error that says the API is failing (the
@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use allot_fleet::{FleetApiError, FleetCluster, allocate, release, sync};
+use crate::fleet::{FleetApiError, FleetCluster, allocate, release, sync};
 use allot_index::fleet::CLUSTER_NAME_LABEL;
 use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMPool};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -159,7 +159,7 @@ impl Reconciler {
         out
     }
 
-    /// A full `allot_fleet::sync` of every pool in `clusters` (the periodic resync: it also
+    /// A full `crate::fleet::sync` of every pool in `clusters` (the periodic resync: it also
     /// writes again what the index may not show, like a ConfigMap key edited away).
     pub async fn sync_all(&mut self, clusters: &BTreeMap<String, Vec<FleetCluster>>) -> Outcome {
         let mut out = Outcome::default();
@@ -364,7 +364,7 @@ pub(crate) fn cluster_reference(api_version: &str, c: &ClusterRef) -> ObjectRefe
     }
 }
 
-/// Logs an error of `allot_fleet`; `true` when the API itself is failing and the pass must
+/// Logs an error of [`super::api`]; `true` when the API itself is failing and the pass must
 /// stop (the next one, with backoff, resumes).
 fn failing(out: &mut Outcome, e: &FleetApiError, pool: &str, namespace: &str) -> bool {
     out.retry = true;

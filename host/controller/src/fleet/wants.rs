@@ -1,5 +1,5 @@
 //! What a pass must do, decided from the index alone (no I/O): which clusters ask which pool,
-//! which allocations to release, and which clusters need `allot_fleet::allocate` because what
+//! which allocations to release, and which clusters need `crate::fleet::allocate` because what
 //! they hold is not yet recorded, written and projected as the pool's record says.
 //!
 //! **Who asks.** One namespace is one cluster (an IPAMAllocation is named after its pool in its
@@ -28,9 +28,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::fleet::decide::{holders, records};
+use crate::fleet::{Current, FleetCluster, Refusal, decide};
 use allot_core::fleet::{Allocation, FleetPool, allocate};
-use allot_fleet::decide::{holders, records};
-use allot_fleet::{Current, FleetCluster, Refusal, decide};
 use allot_index::fleet::CLUSTER_NAME_LABEL;
 use allot_index::{ClusterEntry, FleetAllocationEntry, FleetIndex, FleetPoolEntry};
 use allot_k8s::{AllocationState, IPAMAllocationSpec};
@@ -43,7 +43,7 @@ pub struct ClusterRef {
     pub uid: String,
 }
 
-/// One `allot_fleet::allocate`.
+/// One `crate::fleet::allocate`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocate {
     pub pool: String,
@@ -56,7 +56,7 @@ pub struct Allocate {
     pub create_request: bool,
 }
 
-/// One `allot_fleet::release`.
+/// One `crate::fleet::release`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Release {
     pub pool: String,
@@ -116,7 +116,7 @@ pub struct Work {
     /// first, so nobody new is handed its addresses.
     pub allocations: Vec<Allocate>,
     pub notices: Vec<Notice>,
-    /// Every readable pool with the clusters asking it: what a full `allot_fleet::sync` takes.
+    /// Every readable pool with the clusters asking it: what a full `crate::fleet::sync` takes.
     pub clusters: BTreeMap<String, Vec<FleetCluster>>,
     /// Pools that cannot be read (the object, or a record in its status), and why: nothing is
     /// allocated from or released into them until they are fixed.

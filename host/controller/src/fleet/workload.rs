@@ -312,7 +312,7 @@ impl WorkloadCopier {
         let where_to = format!(
             "ConfigMap {}/{} in the workload cluster of Cluster {}/{}",
             self.settings.namespace,
-            allot_fleet::CONFIG_MAP,
+            crate::fleet::CONFIG_MAP,
             c.namespace,
             c.name
         );
@@ -427,10 +427,13 @@ impl WorkloadCopier {
         )]);
         let source = format!("{}/{}", c.namespace, c.name);
         for _ in 0..3 {
-            let stored = api.get_opt(allot_fleet::CONFIG_MAP).await.map_err(failed)?;
+            let stored = api
+                .get_opt(crate::fleet::CONFIG_MAP)
+                .await
+                .map_err(failed)?;
             let Some(mut cm) = stored else {
                 let mut cm = ConfigMap::default();
-                cm.metadata.name = Some(allot_fleet::CONFIG_MAP.to_string());
+                cm.metadata.name = Some(crate::fleet::CONFIG_MAP.to_string());
                 cm.metadata.labels = Some(labels.clone());
                 cm.metadata.annotations = Some(BTreeMap::from([(
                     COPIED_FROM_ANNOTATION.to_string(),
@@ -465,7 +468,7 @@ impl WorkloadCopier {
             cm.data = Some(t.data.clone());
             // The resourceVersion read travels with the replace: an edit since is a 409.
             match api
-                .replace(allot_fleet::CONFIG_MAP, &PostParams::default(), &cm)
+                .replace(crate::fleet::CONFIG_MAP, &PostParams::default(), &cm)
                 .await
             {
                 Ok(_) => return Ok(Copied::Updated),

@@ -24,7 +24,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::decide::{Current, FleetCluster, Refusal, decide, depends_on_others, holders, records};
+use super::decide::{Current, FleetCluster, Refusal, decide, depends_on_others, holders, records};
 
 /// Compare-and-swap attempts on a pool's record before giving up.
 pub const MAX_ATTEMPTS: usize = 16;

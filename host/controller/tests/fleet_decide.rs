@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use allot_fleet::{Change, FleetCluster, Refusal, check_pool_edit, plan};
+use allot_controller::fleet::{Change, FleetCluster, Refusal, check_pool_edit, plan};
 use allot_k8s::{IPAMAllocation, IPAMPool};
 
 fn pool(yaml: &str) -> IPAMPool {
@@ -176,8 +176,8 @@ fn requests_name_their_pool_and_datacenter() {
 /// listed one by one, on a fragmented pool where clusters were released and ranges grow.
 #[test]
 fn a_plan_decides_what_core_decides_with_every_cluster_listed() {
+    use allot_controller::fleet::{Current, decide};
     use allot_core::fleet::Allocation;
-    use allot_fleet::{Current, decide};
     use allot_k8s::IPAMAllocationSpec;
 
     let spec = |range: u64| {
@@ -257,7 +257,7 @@ spec:
 
 #[test]
 fn an_allocation_object_must_fit_its_pool_and_its_record() {
-    use allot_fleet::check_allocation_object;
+    use allot_controller::fleet::check_allocation_object;
     let p = pool(HELD);
     let object = |ns: &str, spec: &str| -> IPAMAllocation {
         serde_yaml::from_str(&format!(
@@ -315,7 +315,7 @@ fn ipam_allocation(ns: &str, spec: &str) -> IPAMAllocation {
     .unwrap()
 }
 
-fn shown(planned: &allot_fleet::Plan) -> Vec<(String, String)> {
+fn shown(planned: &allot_controller::fleet::Plan) -> Vec<(String, String)> {
     planned
         .entries
         .iter()
@@ -477,7 +477,7 @@ fn a_plan_hands_nobody_what_an_unrecorded_allocation_holds() {
 /// cluster-k's was made by Kubermatic and the pool has no record of it.
 #[test]
 fn the_webhook_checks_count_allocations_the_pool_has_no_record_of() {
-    use allot_fleet::check_allocation_object;
+    use allot_controller::fleet::check_allocation_object;
     let p = pool(HELD);
     let kubermatic = ipam_allocation(
         "cluster-k",

@@ -11,7 +11,7 @@ use allot_core::addr::{addr_to_u128, u128_to_addr};
 use allot_core::fleet::{Allocation, FleetPool, check_allocation};
 use allot_k8s::{IPAMAllocation, IPAMPool};
 
-use crate::decide::{Change, Current, FleetCluster, Refusal, decide, in_datacenter, records};
+use super::decide::{Change, Current, FleetCluster, Refusal, decide, in_datacenter, records};
 
 /// What the plan says for one cluster and one pool.
 #[derive(Clone, Debug, PartialEq, Eq)]

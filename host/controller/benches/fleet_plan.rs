@@ -1,12 +1,12 @@
 //! Planning a fleet: 10,000 clusters from a /8 with exclusions, from scratch and again with
 //! every allocation already held (the steady state a controller re-plans), in one run.
 //!
-//! `cargo bench -p allot-fleet --bench plan` (results: docs/benchmarks.md).
+//! `cargo bench -p allot-controller --bench fleet_plan` (results: docs/benchmarks.md).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use allot_fleet::{FleetCluster, plan};
+use allot_controller::fleet::{FleetCluster, plan};
 use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMPool};
 
 const CLUSTERS: usize = 10_000;

@@ -9,9 +9,9 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
+use allot_controller::fleet::decide::{depends_on_others, holders, of_pool, records};
+use allot_controller::fleet::{Change, Current, FleetCluster, Refusal, decide, plan};
 use allot_core::fleet::{Allocation, FleetError, FleetPool};
-use allot_fleet::decide::{depends_on_others, holders, of_pool, records};
-use allot_fleet::{Change, Current, FleetCluster, Refusal, decide, plan};
 use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMPool, IPAMPoolStatus};
 use proptest::prelude::*;
 

@@ -5,10 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
-use allot_core::fleet::{Allocation, FleetError};
-use allot_fleet::{
+use allot_controller::fleet::{
     CONFIG_MAP, FleetApiError, FleetCluster, Refusal, allocate, check_pool_edit, release, sync,
 };
+use allot_core::fleet::{Allocation, FleetError};
 use allot_k8s::{AllocationState, IPAMAllocation, IPAMPool};
 use allot_test_apiserver::ApiServer;
 use k8s_openapi::api::core::v1::ConfigMap;
