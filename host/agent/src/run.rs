@@ -47,12 +47,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             kubeconfig: args.store.kubeconfig.clone(),
             node: Some(node_name.clone()),
             timeout: None,
-        })
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        })?;
         tracing::info!(node = %node_name, "cluster mode: claims are kept in the cluster's IPBlocks");
-        let client = runtime
-            .block_on(allot_store::kube_client(args.store.kubeconfig.as_deref()))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let client =
+            runtime.block_on(allot_store::kube_client(args.store.kubeconfig.as_deref()))?;
         let index = allot_index::SharedIndex::new(&node_name);
         let cluster = Cluster {
             index: index.clone(),
@@ -68,10 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(cluster),
         )
     } else {
-        let opened = args
-            .store
-            .open(&args.state)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let opened = args.store.open(&args.state)?;
         tracing::info!(store = %opened.describe(), "claims are kept in this store");
         let source = match (&args.standalone, &opened) {
             (_, OpenedStore::Kubernetes(_)) => bail!(

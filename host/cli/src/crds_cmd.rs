@@ -51,9 +51,7 @@ pub fn apply(kubeconfig: Option<&Path>, wait: Duration) -> anyhow::Result<ExitCo
 }
 
 async fn apply_all(kubeconfig: Option<&Path>, wait: Duration) -> anyhow::Result<ExitCode> {
-    let client = allot_store::kube_client(kubeconfig)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = allot_store::kube_client(kubeconfig).await?;
     let api: Api<CustomResourceDefinition> = Api::all(client);
     let ours = env!("CARGO_PKG_VERSION");
     let mut applied = Vec::new();

@@ -38,9 +38,7 @@ async fn delete_all(
     kubeconfig: Option<&std::path::Path>,
     wait: Duration,
 ) -> anyhow::Result<ExitCode> {
-    let client = allot_store::kube_client(kubeconfig)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = allot_store::kube_client(kubeconfig).await?;
     let deadline = Instant::now() + wait;
     // Right after `helm uninstall` the controller's replicas may still be stopping (each gives
     // the Lease up as it goes, and the other may take it meanwhile): wait for them, as long as

@@ -28,10 +28,7 @@ pub fn gc_command(store: &StoreArgs, command: &GcCommand) -> anyhow::Result<Exit
              each pod"
         );
     }
-    let OpenedStore::Kubernetes(claims) = store
-        .open(std::path::Path::new("/nonexistent"))
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-    else {
+    let OpenedStore::Kubernetes(claims) = store.open(std::path::Path::new("/nonexistent"))? else {
         bail!(
             "GC judges claims against the cluster's pods: use --store kubernetes (with \
              --kubeconfig, or the in-cluster ServiceAccount)"

@@ -53,7 +53,7 @@ pub enum Output {
 fn open(store: &StoreArgs) -> anyhow::Result<OpenedStore> {
     store
         .open(Path::new(DEFAULT_STATE))
-        .map_err(|e| anyhow::anyhow!("{e}"))
+        .map_err(anyhow::Error::from)
 }
 
 fn etcd(store: &StoreArgs) -> anyhow::Result<Arc<EtcdStore>> {
@@ -141,8 +141,8 @@ pub fn pool_command(store: &StoreArgs, command: PoolCommand) -> anyhow::Result<E
     match command {
         PoolCommand::Apply { file } => apply(&etcd, &file),
         PoolCommand::List => {
-            let (_, observation) = etcd.load_config().map_err(|e| anyhow::anyhow!("{e}"))?;
-            let claims = etcd.all().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (_, observation) = etcd.load_config()?;
+            let claims = etcd.all()?;
             println!(
                 "{:<24} {:<7} {:<20} {:>9} {:>9} DISABLE",
                 "NAME", "VERSION", "SUBNET", "ALLOCATED", "TOTAL"
@@ -171,7 +171,7 @@ pub fn pool_command(store: &StoreArgs, command: PoolCommand) -> anyhow::Result<E
             Ok(ExitCode::SUCCESS)
         }
         PoolCommand::Get { name, kind } => {
-            let (_, entries) = etcd.config_entries().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (_, entries) = etcd.config_entries()?;
             let Some(entry) = entries.iter().find(|e| e.kind == kind && e.name == name) else {
                 bail!("no {kind} {name} in etcd (allotctl pool list shows what there is)");
             };
@@ -192,12 +192,12 @@ fn apply(etcd: &EtcdStore, file: &Path) -> anyhow::Result<ExitCode> {
     if applied.objects.is_empty() && applied.incomplete.is_empty() {
         bail!("{source} holds no IPPool, Subnet or ReservedIP");
     }
-    let (_, entries) = etcd.config_entries().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (_, entries) = etcd.config_entries()?;
     let mut current = Observation::default();
     for e in &entries {
         documents::observe_text(&e.value, &e.key, &mut current);
     }
-    let claims = etcd.all().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let claims = etcd.all()?;
     if let Err(reasons) = documents::check_apply(&current, &applied, &claims) {
         for r in &reasons {
             eprintln!("allotctl: {r}");
@@ -233,8 +233,7 @@ fn apply(etcd: &EtcdStore, file: &Path) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|w| format!("{} {}", w.kind, w.name))
         .collect();
-    etcd.apply_config(writes)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    etcd.apply_config(writes)?;
     for s in &summary {
         println!("{s} applied");
     }

@@ -2,7 +2,7 @@
 //! is checked by the same code the agent and the standalone loader run, before it is stored.
 //!
 //! - [`admit`](mod@admit): the checks (the validation Spiderpool's users know; `allot_core::edit` and
-//!   allot-fleet's checks) and the one mutation, `ipVersion` defaulted from the subnet.
+//!   the fleet module's checks) and the one mutation, `ipVersion` defaulted from the subnet.
 //! - [`server`]: HTTPS on `--webhook-port`, served by every replica (the Service balances).
 //! - [`certs`], [`secret`]: a CA and a serving certificate the controller makes itself, kept in
 //!   one Secret shared by the replicas, renewed well before expiry (the CA with an overlap in the

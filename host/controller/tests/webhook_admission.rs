@@ -332,8 +332,16 @@ async fn a_pool_holding_addresses_cannot_be_deleted_but_its_finalizer_can_always
 #[tokio::test]
 async fn when_the_checks_cannot_run_the_change_is_refused_saying_so() {
     let c = Cluster::new(&[], &[]);
-    c.server.forbid("list", "ippools");
     let a = ippool("a", json!({"subnet": "10.0.0.0/24"}));
+    // An invalid object is refused as invalid (422) even while the API is unreadable...
+    let bad = ippool("b", json!({"subnet": "10.0.0.0/33"}));
+    c.server.forbid("list", "ippools");
+    assert_eq!(
+        c.validate("CREATE", Some(&bad), None).await.result.code,
+        422
+    );
+    // ...and a valid one as unavailable (503, ServiceUnavailable): clients retry it rather
+    // than read it as a fault of the object.
     c.denied(
         "CREATE",
         Some(&a),
@@ -345,6 +353,11 @@ async fn when_the_checks_cannot_run_the_change_is_refused_saying_so() {
         ],
     )
     .await;
+    let r = c.validate("CREATE", Some(&a), None).await;
+    assert_eq!(
+        (r.result.code, r.result.reason.as_str()),
+        (503, "ServiceUnavailable")
+    );
 }
 
 #[tokio::test]

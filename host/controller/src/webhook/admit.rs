@@ -1,9 +1,9 @@
 //! Admission: an AdmissionReview's request in, allowed or denied out, for IPPool, Subnet,
 //! ReservedIP, IPAMPool and IPAMAllocation.
 //!
-//! Every rule is core's or allot-fleet's, never written again here: one object is checked by
+//! Every rule is core's or the fleet module's, never written again here: one object is checked by
 //! the same `TryFrom` (`from_spec`) as the agent and the standalone loader; an edit against the
-//! others and the claims by `allot_core::edit`; fleet objects by `allot_fleet::check_pool_edit`
+//! others and the claims by `allot_core::edit`; fleet objects by `crate::fleet::check_pool_edit`
 //! and `check_allocation_object`. This module reads what those need (the objects through the
 //! API, the claims through the store) and turns their refusals into the response.
 //!
@@ -29,6 +29,28 @@ use serde_json::json;
 /// Budget of the reads one admission makes; the configuration's `timeoutSeconds` is 5.
 const READ_TIMEOUT: Duration = Duration::from_secs(4);
 
+/// Why an admission could not read what its checks need: the change is neither allowed nor
+/// found invalid, and the answer says to try again (503), not that the object is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    #[error(
+        "{what}: {message}; the controller's ServiceAccount needs list on ippools, subnets and ipamallocations and get on ipampools"
+    )]
+    Forbidden { what: String, message: String },
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{what}: no answer within {READ_TIMEOUT:?}")]
+    TimedOut { what: String },
+    #[error("reading the claims: {0}")]
+    Claims(#[from] allot_core::store::StoreError),
+    #[error("reading the claims: {0}")]
+    Aborted(#[from] tokio::task::JoinError),
+}
+
 /// What admissions read: the objects through the API (a fresh list per admission: two pools
 /// created one after the other are always checked against each other) and the claims through
 /// the store.
@@ -44,7 +66,7 @@ impl Lookup {
     }
 
     /// The valid IPPools and Subnets and every claim.
-    async fn existing(&self) -> Result<Existing, String> {
+    async fn existing(&self) -> Result<Existing, LookupError> {
         let (pools, subnets, held) = tokio::try_join!(
             self.listed::<IPPool>("ippools"),
             self.listed::<SubnetObject>("subnets"),
@@ -64,19 +86,16 @@ impl Lookup {
     }
 
     /// Every claim, by pool.
-    async fn held(&self) -> Result<BTreeMap<String, Held>, String> {
+    async fn held(&self) -> Result<BTreeMap<String, Held>, LookupError> {
         let store = self.store.clone();
-        let claims = tokio::task::spawn_blocking(move || store.all())
-            .await
-            .map_err(|e| format!("reading the claims: {e}"))?
-            .map_err(|e| format!("reading the claims: {e}"))?;
+        let claims = tokio::task::spawn_blocking(move || store.all()).await??;
         Ok(edit::held_by_pool(claims))
     }
 
     /// Every object of a kind that reads as `K`, in pages. Read untyped and decoded one by one,
     /// so one object stored before the webhook was there, that does not decode, is skipped
     /// rather than failing every admission.
-    async fn listed<K>(&self, plural: &str) -> Result<Vec<K>, String>
+    async fn listed<K>(&self, plural: &str) -> Result<Vec<K>, LookupError>
     where
         K: Resource<DynamicType = ()> + DeserializeOwned,
     {
@@ -99,14 +118,14 @@ impl Lookup {
         }
     }
 
-    async fn ipam_pool(&self, name: &str) -> Result<Option<IPAMPool>, String> {
+    async fn ipam_pool(&self, name: &str) -> Result<Option<IPAMPool>, LookupError> {
         let api: Api<IPAMPool> = Api::all(self.client.clone());
         timed(&format!("reading IPAMPool {name}"), api.get_opt(name)).await
     }
 
     /// The IPAMAllocations of IPAMPool `pool` (each is named after its pool), in pages: every
     /// one holding addresses counts, whether the pool has a record of it or not.
-    async fn ipam_allocations(&self, pool: &str) -> Result<Vec<IPAMAllocation>, String> {
+    async fn ipam_allocations(&self, pool: &str) -> Result<Vec<IPAMAllocation>, LookupError> {
         let api: Api<IPAMAllocation> = Api::all(self.client.clone());
         let what = format!("listing the IPAMAllocations of IPAMPool {pool}");
         let mut params = ListParams::default()
@@ -127,15 +146,16 @@ impl Lookup {
 async fn timed<T>(
     what: &str,
     call: impl Future<Output = Result<T, kube::Error>>,
-) -> Result<T, String> {
+) -> Result<T, LookupError> {
+    let what = what.to_string();
     match tokio::time::timeout(READ_TIMEOUT, call).await {
         Ok(Ok(t)) => Ok(t),
-        Ok(Err(kube::Error::Api(s))) if s.code == 403 => Err(format!(
-            "{what}: {}; the controller's ServiceAccount needs list on ippools, subnets and ipamallocations and get on ipampools",
-            s.message
-        )),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
-        Err(_) => Err(format!("{what}: no answer within {READ_TIMEOUT:?}")),
+        Ok(Err(kube::Error::Api(s))) if s.code == 403 => Err(LookupError::Forbidden {
+            what,
+            message: s.message,
+        }),
+        Ok(Err(source)) => Err(LookupError::Api { what, source }),
+        Err(_) => Err(LookupError::TimedOut { what }),
     }
 }
 
@@ -144,20 +164,33 @@ async fn timed<T>(
 struct Verdict {
     refusals: Vec<String>,
     warnings: Vec<String>,
+    /// The refusal is only that the checks could not run: try again.
+    unavailable: bool,
 }
 
 impl Verdict {
+    /// The checks could not read what they need: refused for now, with the reason.
+    fn cannot_check(why: &LookupError) -> Verdict {
+        Verdict {
+            refusals: vec![format!(
+                "the allot webhook could not check this change ({why}); try again"
+            )],
+            warnings: Vec::new(),
+            unavailable: true,
+        }
+    }
+
     fn refuse(why: impl ToString) -> Verdict {
         Verdict {
             refusals: vec![why.to_string()],
-            warnings: Vec::new(),
+            ..Verdict::default()
         }
     }
 
     fn refusals<T: ToString>(refusals: impl IntoIterator<Item = T>) -> Verdict {
         Verdict {
             refusals: refusals.into_iter().map(|r| r.to_string()).collect(),
-            warnings: Vec::new(),
+            ..Verdict::default()
         }
     }
 }
@@ -196,10 +229,12 @@ pub async fn validate(
     );
     let mut denied = response.deny(summary(&verdict.refusals));
     // 422 as for any invalid object; a deletion refused is 403 (nothing about the request is
-    // malformed, the pool's state forbids it).
-    (denied.result.code, denied.result.reason) = match request.operation {
-        Operation::Delete => (403, "Forbidden".into()),
-        _ => (422, "Invalid".into()),
+    // malformed, the pool's state forbids it); 503 when the checks could not run, so that
+    // clients and GitOps tools retry rather than take the object for wrong.
+    (denied.result.code, denied.result.reason) = match (verdict.unavailable, &request.operation) {
+        (true, _) => (503, "ServiceUnavailable".into()),
+        (false, Operation::Delete) => (403, "Forbidden".into()),
+        (false, _) => (422, "Invalid".into()),
     };
     denied
 }
@@ -267,7 +302,7 @@ async fn ippool(request: &AdmissionRequest<DynamicObject>, lookup: &Lookup) -> V
                         ..Existing::default()
                     },
                 )),
-                Err(e) => Verdict::refuse(cannot_check(&e)),
+                Err(e) => Verdict::cannot_check(&e),
             }
         }
         (Operation::Create | Operation::Update, Some(new)) => {
@@ -287,7 +322,7 @@ async fn ippool(request: &AdmissionRequest<DynamicObject>, lookup: &Lookup) -> V
                     &checked,
                     &existing,
                 )),
-                Err(e) => Verdict::refuse(cannot_check(&e)),
+                Err(e) => Verdict::cannot_check(&e),
             }
         }
         _ => Verdict::default(),
@@ -304,7 +339,7 @@ async fn subnet(request: &AdmissionRequest<DynamicObject>, lookup: &Lookup) -> V
             let name = deleted_name(request, old.as_ref());
             match lookup.existing().await {
                 Ok(existing) => Verdict::refusals(edit::check_subnet_deletion(&name, &existing)),
-                Err(e) => Verdict::refuse(cannot_check(&e)),
+                Err(e) => Verdict::cannot_check(&e),
             }
         }
         (Operation::Create | Operation::Update, Some(new)) => {
@@ -321,7 +356,7 @@ async fn subnet(request: &AdmissionRequest<DynamicObject>, lookup: &Lookup) -> V
                     &checked,
                     &existing,
                 )),
-                Err(e) => Verdict::refuse(cannot_check(&e)),
+                Err(e) => Verdict::cannot_check(&e),
             }
         }
         _ => Verdict::default(),
@@ -359,8 +394,8 @@ async fn reserved_ip(request: &AdmissionRequest<DynamicObject>, lookup: &Lookup)
         )],
     };
     Verdict {
-        refusals: Vec::new(),
         warnings,
+        ..Verdict::default()
     }
 }
 
@@ -380,12 +415,12 @@ async fn ipam_pool(request: &AdmissionRequest<DynamicObject>, lookup: &Lookup) -
         .and_then(|p| p.metadata.name.clone())
         .unwrap_or_else(|| request.name.clone());
     match lookup.ipam_allocations(&name).await {
-        Ok(objects) => Verdict::refusals(allot_fleet::check_pool_edit(
+        Ok(objects) => Verdict::refusals(crate::fleet::check_pool_edit(
             old.as_ref(),
             new.as_ref(),
             &objects,
         )),
-        Err(e) => Verdict::refuse(cannot_check(&e)),
+        Err(e) => Verdict::cannot_check(&e),
     }
 }
 
@@ -404,22 +439,16 @@ async fn ipam_allocation(request: &AdmissionRequest<DynamicObject>, lookup: &Loo
     match lookup.ipam_pool(&name).await {
         Ok(Some(pool)) => match lookup.ipam_allocations(&name).await {
             Ok(objects) => {
-                Verdict::refusals(allot_fleet::check_allocation_object(&pool, &new, &objects))
+                Verdict::refusals(crate::fleet::check_allocation_object(&pool, &new, &objects))
             }
-            Err(e) => Verdict::refuse(cannot_check(&e)),
+            Err(e) => Verdict::cannot_check(&e),
         },
         Ok(None) => Verdict::refuse(format!(
             "IPAMAllocation {}/{name}: there is no IPAMPool {name}: an IPAMAllocation is named after the IPAMPool it comes from; create the pool first",
             new.metadata.namespace.as_deref().unwrap_or_default()
         )),
-        Err(e) => Verdict::refuse(cannot_check(&e)),
+        Err(e) => Verdict::cannot_check(&e),
     }
-}
-
-/// A refusal because the checks could not run (fail closed, as the configuration's
-/// `failurePolicy: Fail` does when the webhook cannot be reached).
-fn cannot_check(why: &str) -> String {
-    format!("the allot webhook could not check this change ({why}); try again")
 }
 
 /// The mutating webhook's answer: `ipVersion` defaulted from the subnet (or a ReservedIP's
