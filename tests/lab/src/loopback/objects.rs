@@ -75,11 +75,39 @@ impl LoopbackControlPlane {
     }
 
     /// Replaces `object` as `kubectl replace` does: on the `resourceVersion` it carries, or
-    /// unconditionally without one. Returns it as stored.
+    /// unconditionally without one where the kind allows it (built-in kinds; custom resources
+    /// do not). Returns it as stored.
     pub fn replace(&self, plural: &str, object: Value) -> Result<Value> {
         let path = path_of(plural, &object, true)?;
         let request = json_request(http::Method::PUT, &path, &object)?;
         self.block_on(send(&self.client, request))
+    }
+
+    /// Edits object `name` as `kubectl edit` does: read, `change`d, replaced on the version
+    /// read; read and changed again when another writer came first (409). Returns it as
+    /// stored.
+    pub fn edit(
+        &self,
+        api_version: &str,
+        plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+        change: impl Fn(&mut Value),
+    ) -> Result<Value> {
+        for _ in 0..10 {
+            let mut object = self
+                .get(api_version, plural, namespace, name)?
+                .with_context(|| format!("no {plural} {name} to edit"))?;
+            change(&mut object);
+            let path = path_of(plural, &object, true)?;
+            let request = json_request(http::Method::PUT, &path, &object)?;
+            match self.block_on(self.client.request::<Value>(request)) {
+                Ok(stored) => return Ok(stored),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(e).with_context(|| format!("PUT {path}")),
+            }
+        }
+        bail!("{plural} {name}: others kept changing it (409 ten times)")
     }
 
     /// Replaces the status of `object` through its status subresource (as a kubelet writes a
