@@ -8,7 +8,6 @@
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use allot_lab::audit::Request;
 use allot_lab::{LoopbackControlPlane, LoopbackOptions};
@@ -178,35 +177,12 @@ impl KubeApi {
     /// empty: `/pods`, `apps/replicasets`), once every request answered before this call is in
     /// the audit log.
     pub fn requests(&self, user: &str, verb: &str, resource: &str) -> Vec<Request> {
-        self.audit_barrier();
         self.plane
             .requests_of(user)
             .expect("the audit log")
             .into_iter()
             .filter(|r| r.verb == verb && r.resource == resource)
             .collect()
-    }
-
-    /// Waits until a request made now is in the audit log: the API server writes each entry
-    /// once the response is sent, so a request answered before may not be there yet.
-    fn audit_barrier(&self) {
-        let marker = format!("audit-barrier-{}", crate::unique_name("b"));
-        let _ = self.plane.get("v1", "configmaps", Some("default"), &marker);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let logged = allot_lab::audit::read(self.plane.logs())
-                .expect("the audit log")
-                .iter()
-                .any(|r| r.name == marker);
-            if logged {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the audit log did not record a request within 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 
     /// The admin kubeconfig.

@@ -263,7 +263,11 @@ fn two_controllers_only_the_leader_acts_and_the_other_takes_over_when_it_dies() 
         c.pools()[0]["metadata"]["finalizers"],
         json!(["allot.dev/claims"])
     );
+    // Logged once the release is written: the API may show it first.
     let released = |who: &str| c.log(who).matches("released a leaked address").count();
+    until("a logs the release", Duration::from_secs(10), || {
+        released("controller-a") > 0
+    });
     assert_eq!(released("controller-a"), 1, "{}", c.log("controller-a"));
     assert_eq!(released("controller-b"), 0, "the follower released nothing");
     assert_eq!(c.lease_holder().as_deref(), Some("controller-a"));
@@ -278,6 +282,9 @@ fn two_controllers_only_the_leader_acts_and_the_other_takes_over_when_it_dies() 
     });
     until("b releases the new leak", Duration::from_secs(30), || {
         c.held() == ["10.9.0.10"]
+    });
+    until("b logs the release", Duration::from_secs(10), || {
+        released("controller-b") > 0
     });
     assert_eq!(released("controller-b"), 1, "{}", c.log("controller-b"));
     stop(b);

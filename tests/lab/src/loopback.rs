@@ -65,7 +65,8 @@ impl Default for LoopbackOptions {
 }
 
 /// etcd and kube-apiserver on 127.0.0.1, torn down (processes killed, directory removed) when
-/// dropped. Its methods block; call them outside any async runtime.
+/// dropped. Its methods block, also when called from an async test (they then run on a thread
+/// of their own, blocking the caller's).
 pub struct LoopbackControlPlane {
     dir: PathBuf,
     keep: bool,
@@ -73,8 +74,20 @@ pub struct LoopbackControlPlane {
     pki: Pki,
     kubeconfig: PathBuf,
     processes: Vec<Supervised>,
-    runtime: tokio::runtime::Runtime,
+    runtime: Option<tokio::runtime::Runtime>,
     client: kube::Client,
+}
+
+/// Runs `work` here, or on a thread of its own when this thread is a runtime's (whose
+/// `block_on` would panic).
+fn off_runtime<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return work();
+    }
+    std::thread::scope(|s| match s.spawn(work).join() {
+        Ok(t) => t,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
 }
 
 impl LoopbackControlPlane {
@@ -99,6 +112,10 @@ impl LoopbackControlPlane {
     /// Starts etcd and kube-apiserver and waits until the API server is ready and the
     /// `default` ServiceAccount exists.
     pub fn start(options: LoopbackOptions) -> Result<LoopbackControlPlane> {
+        off_runtime(|| Self::start_here(options))
+    }
+
+    fn start_here(options: LoopbackOptions) -> Result<LoopbackControlPlane> {
         for name in ["etcd", "kube-apiserver"] {
             crate::paths::tool(&options.tools, name)?;
         }
@@ -150,7 +167,7 @@ impl LoopbackControlPlane {
             pki: certs.pki,
             kubeconfig,
             processes,
-            runtime,
+            runtime: Some(runtime),
             client,
         };
         plane.create_default_service_account("default")?;
@@ -190,17 +207,40 @@ impl LoopbackControlPlane {
         Ok(path)
     }
 
-    /// The requests user `user` made, as the API server's audit log records them.
+    /// The requests user `user` made, as the API server's audit log records them, once every
+    /// request answered before this call is there.
     pub fn requests_of(&self, user: &str) -> Result<Vec<audit::Request>> {
+        self.audit_barrier()?;
         Ok(audit::read(self.logs())?
             .into_iter()
             .filter(|r| r.user == user)
             .collect())
     }
 
+    /// Waits until a request made now is in the audit log: the API server writes an entry
+    /// once its response is sent, so one answered just before may not be there yet.
+    fn audit_barrier(&self) -> Result<()> {
+        static MARKERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = MARKERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let marker = format!("allot-lab-audit-barrier-{}-{n}", std::process::id());
+        self.get("v1", "configmaps", Some("default"), &marker)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !audit::read(self.logs())?.iter().any(|r| r.name == marker) {
+            if Instant::now() > deadline {
+                bail!("the audit log did not record a request within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// Runs `future` on the control plane's runtime, where [`Self::client`] lives.
-    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
-        self.runtime.block_on(future)
+    pub fn block_on<F: Future + Send>(&self, future: F) -> F::Output
+    where
+        F::Output: Send,
+    {
+        let runtime = self.runtime.as_ref().expect("the runtime lives until drop");
+        off_runtime(|| runtime.block_on(future))
     }
 
     /// An admin client, bound to the control plane's runtime: use it inside
@@ -283,6 +323,10 @@ async fn start_processes(
 
 impl Drop for LoopbackControlPlane {
     fn drop(&mut self) {
+        // Without waiting for its tasks: a runtime dropped in an async test would panic.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
         // A throwaway: no clean shutdown to wait for (SIGKILL, the API server first).
         for p in self.processes.iter_mut().rev() {
             p.kill();
