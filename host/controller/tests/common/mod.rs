@@ -79,8 +79,10 @@ pub fn statefulset_json(ns: &str, name: &str, replicas: i32) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"namespace": ns, "name": name},
-        "spec": {"replicas": replicas, "serviceName": name, "selector": {},
-                 "template": {"spec": {"containers": []}}}
+        "spec": {"replicas": replicas, "serviceName": name,
+                 "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "c", "image": "i"}]}}}
     })
 }
 

@@ -154,9 +154,23 @@ impl LoopbackControlPlane {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<bool> {
+        self.delete_with_grace(api_version, plural, namespace, name, 0)
+    }
+
+    /// Deletes object `name` with a grace period of `seconds`, as `kubectl delete
+    /// --grace-period` does: a pod bound to a node stays, terminating, until its kubelet (none
+    /// here) confirms or the object is deleted again with 0. False when there was none.
+    pub fn delete_with_grace(
+        &self,
+        api_version: &str,
+        plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+        seconds: u64,
+    ) -> Result<bool> {
         let path = resource_path(api_version, plural, namespace, Some(name));
         let body = serde_json::json!({"kind": "DeleteOptions", "apiVersion": "v1",
-                                      "gracePeriodSeconds": 0});
+                                      "gracePeriodSeconds": seconds});
         let request = json_request(http::Method::DELETE, &path, &body)?;
         match self.block_on(self.client.request::<Value>(request)) {
             Ok(_) => Ok(true),
