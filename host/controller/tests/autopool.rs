@@ -1,4 +1,5 @@
-//! Subnet auto-pools end to end against the in-memory API server (`tests/apiserver`): the
+//! Subnet auto-pools end to end against a real kube-apiserver (upstream etcd and
+//! kube-apiserver on 127.0.0.1, `allot_lab::LoopbackControlPlane`, with allot's CRDs): the
 //! controller's watches, its passes and its writes, claims in the Kubernetes store's IPBlocks on
 //! the same server. A Deployment scaled 2 → 5 → 1 and deleted, with claims on some of its
 //! addresses; a second Deployment from the same Subnet never overlapping it; the default policy
@@ -14,21 +15,29 @@ use allot_controller::lease::Leadership;
 use allot_core::policy::{
     CniDefaults, Inventory, NamespaceInfo, Nic, NodeInfo, Owner, PodInfo, Policy, Request,
 };
-use allot_core::store::{Store, system_clock};
+use allot_core::store::Store;
 use allot_core::{AddrSet, IpFamily, Pool, Subnet};
 use allot_k8s::{IPPool, Subnet as SubnetObject};
+use allot_lab::LoopbackControlPlane;
 use allot_policy::{Limits, PolicyEngine, PolicySource};
 use allot_store::contract::{attachment, claim, pod};
 use allot_store::{KubeConfig, KubeStore};
-use allot_test_apiserver::ApiServer;
 use serde_json::{Value, json};
+
+const ALLOT: &str = "allot.dev/v1alpha1";
+
+fn objects(plane: &LoopbackControlPlane, plural: &str) -> Vec<Value> {
+    plane
+        .list(ALLOT, plural)
+        .unwrap_or_else(|e| panic!("listing {plural}: {e:#}"))
+}
 
 const SUBNET_ANNOTATION: &str = r#"{"ipv4":["subnet-a"]}"#;
 
 fn deployment(name: &str, replicas: i64) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"namespace": "team-a", "name": name, "uid": format!("uid-{name}")},
+        "metadata": {"namespace": "team-a", "name": name},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": {
             "metadata": {"labels": {"app": name},
                          "annotations": {"ipam.allot.dev/subnet": SUBNET_ANNOTATION}},
@@ -37,9 +46,8 @@ fn deployment(name: &str, replicas: i64) -> Value {
 }
 
 /// The auto pools on the server, by workload name: (pool name, addresses).
-fn auto_pools(server: &ApiServer) -> Vec<(String, String, AddrSet)> {
-    server
-        .objects("ippools")
+fn auto_pools(plane: &LoopbackControlPlane) -> Vec<(String, String, AddrSet)> {
+    objects(plane, "ippools")
         .into_iter()
         .filter_map(|p| {
             let owner = p["metadata"]["labels"]["ipam.allot.dev/owner-application-name"]
@@ -55,8 +63,8 @@ fn auto_pools(server: &ApiServer) -> Vec<(String, String, AddrSet)> {
         .collect()
 }
 
-fn pool_of(server: &ApiServer, owner: &str) -> Option<(String, AddrSet)> {
-    auto_pools(server)
+fn pool_of(plane: &LoopbackControlPlane, owner: &str) -> Option<(String, AddrSet)> {
+    auto_pools(plane)
         .into_iter()
         .find(|(o, _, _)| o == owner)
         .map(|(_, name, ips)| (name, ips))
@@ -73,8 +81,8 @@ fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-fn no_overlap(server: &ApiServer) {
-    let pools = auto_pools(server);
+fn no_overlap(plane: &LoopbackControlPlane) {
+    let pools = auto_pools(plane);
     for (i, (a, _, x)) in pools.iter().enumerate() {
         for (b, _, y) in &pools[i + 1..] {
             assert!(!x.overlaps(y), "{a} and {b} overlap: {x:?} {y:?}");
@@ -84,14 +92,12 @@ fn no_overlap(server: &ApiServer) {
 
 /// What the embedded default policy chooses for a pod of Deployment `owner`, from the pools
 /// and Subnets on the server.
-fn chosen_by_default_policy(server: &ApiServer, owner: &str) -> Option<String> {
-    let pools: Vec<Pool> = server
-        .objects("ippools")
+fn chosen_by_default_policy(plane: &LoopbackControlPlane, owner: &str) -> Option<String> {
+    let pools: Vec<Pool> = objects(plane, "ippools")
         .into_iter()
         .map(|o| Pool::try_from(&serde_json::from_value::<IPPool>(o).unwrap()).unwrap())
         .collect();
-    let subnets: Vec<Subnet> = server
-        .objects("subnets")
+    let subnets: Vec<Subnet> = objects(plane, "subnets")
         .into_iter()
         .map(|o| Subnet::try_from(&serde_json::from_value::<SubnetObject>(o).unwrap()).unwrap())
         .collect();
@@ -137,37 +143,51 @@ fn chosen_by_default_policy(server: &ApiServer, owner: &str) -> Option<String> {
 
 #[test]
 fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
-    let server = ApiServer::new();
-    server.insert(
-        "subnets",
-        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Subnet",
+    let Some(server) = LoopbackControlPlane::for_test(
+        "a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it",
+        Default::default(),
+    ) else {
+        return;
+    };
+    server.apply_crds(&allot_k8s::crds()).unwrap();
+    server.create_namespace("team-a", json!({})).unwrap();
+    server
+        .create(
+            "subnets",
+            json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Subnet",
                "metadata": {"name": "subnet-a"},
                "spec": {"subnet": "10.20.0.0/24", "ips": ["10.20.0.10-10.20.0.40"],
                         "excludeIPs": ["10.20.0.20"], "gateway": "10.20.0.1"}}),
-    );
+        )
+        .unwrap();
     // A pool made by hand inside the Subnet: never carved from.
-    server.insert(
-        "ippools",
-        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
+    server
+        .create(
+            "ippools",
+            json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
                "metadata": {"name": "manual"},
                "spec": {"subnet": "10.20.0.0/24", "ips": ["10.20.0.10-10.20.0.12"]}}),
-    );
-    server.insert("deployments", deployment("web", 2));
-    server.insert("deployments", deployment("api", 3));
+        )
+        .unwrap();
+    server.create("deployments", deployment("web", 2)).unwrap();
+    server.create("deployments", deployment("api", 3)).unwrap();
 
-    let store_server = server.clone();
     let store: Arc<dyn Store> = Arc::new(
-        KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
-            Ok(store_server.client())
+        KubeStore::connect(&KubeConfig {
+            kubeconfig: Some(server.kubeconfig().to_path_buf()),
+            ..KubeConfig::default()
         })
         .unwrap(),
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let controller = {
+        let client = runtime
+            .block_on(allot_lab::kube_client(server.kubeconfig()))
+            .unwrap();
         let _guard = runtime.enter();
         let auto_pools = AutoPools {
-            client: server.client(),
+            client,
             store: store.clone(),
             leadership: Leadership::always(),
             args: AutoPoolArgs {
@@ -217,7 +237,7 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
     store.claim(&claims).unwrap();
 
     // Scaled to 5: 6 addresses, keeping the 3 it had.
-    server.edit("deployments", deployment("web", 5));
+    scale(&server, 5);
     let grown = eventually("web grown to 6", || {
         pool_of(&server, "web").and_then(|(_, ips)| (ips.len() == 6).then_some(ips))
     });
@@ -225,7 +245,7 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
     no_overlap(&server);
 
     // Scaled to 1: 2 addresses, exactly the claimed ones.
-    server.edit("deployments", deployment("web", 1));
+    scale(&server, 1);
     let shrunk = eventually("web shrunk to 2", || {
         pool_of(&server, "web").and_then(|(_, ips)| (ips.len() == 2).then_some(ips))
     });
@@ -233,19 +253,22 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
     assert_eq!(shrunk.iter().collect::<BTreeSet<_>>(), expected);
 
     // Scaled to 0 it still keeps what is claimed.
-    server.edit("deployments", deployment("web", 0));
+    scale(&server, 0);
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(pool_of(&server, "web").unwrap().1.len(), 2);
 
     // Deleted: its pool goes; api's stays.
-    assert!(server.remove("apps/v1", "deployments", Some("team-a"), "web"));
+    assert!(
+        server
+            .delete("apps/v1", "deployments", Some("team-a"), "web")
+            .unwrap()
+    );
     eventually("web's pool deleted", || {
         pool_of(&server, "web").is_none().then_some(())
     });
     assert_eq!(pool_of(&server, "api").unwrap().1.len(), 4);
     assert!(
-        server
-            .objects("ippools")
+        objects(&server, "ippools")
             .iter()
             .any(|p| p["metadata"]["name"] == "manual")
     );
@@ -253,6 +276,15 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
     let _ = stop.send(());
     runtime.block_on(controller).unwrap();
     drop(runtime);
+}
+
+/// Deployment web scaled to `replicas`, as `kubectl scale` does.
+fn scale(plane: &LoopbackControlPlane, replicas: i64) {
+    plane
+        .edit("apps/v1", "deployments", Some("team-a"), "web", |d| {
+            d["spec"]["replicas"] = json!(replicas)
+        })
+        .unwrap();
 }
 
 /// examples/kubernetes/subnet-auto-pools.yaml asks for what its comments say, with the

@@ -1,6 +1,8 @@
-//! The garbage collector against the in-memory API server: what it releases, when, and what it
-//! never touches. Claims live in core's memory store; the pods the collector re-reads before a
-//! release, and the Events it records, live in the API server.
+//! The garbage collector against a real kube-apiserver (upstream etcd and kube-apiserver on
+//! 127.0.0.1, with allot's CRDs): what it releases, when, and what it never touches. Claims
+//! live in core's memory store; the pods the collector re-reads before a release, and the
+//! Events it records, live in the API server. A leader losing its lease in the middle of a
+//! scan runs on the in-memory API server (`tests/apiserver`), which slows reads on demand.
 
 mod common;
 
@@ -13,22 +15,98 @@ use allot_controller::metrics::Metrics;
 use allot_core::gc::LeakReason;
 use allot_core::store::{MemoryStore, Store};
 use allot_index::{ClusterIndex, IndexResource, Shared};
+use allot_lab::LoopbackControlPlane;
 use allot_test_apiserver::ApiServer;
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
-use serde_json::json;
+use serde_json::{Value, json};
+
+/// The user the collector's requests are made as.
+const USER: &str = "allot-controller";
 
 struct Setup {
-    server: ApiServer,
+    server: LoopbackControlPlane,
+    /// A client as [`USER`], on the test's runtime.
+    client: kube::Client,
     store: Arc<MemoryStore>,
     clock: TestClock,
     metrics: Arc<Metrics>,
 }
 
 impl Setup {
-    fn new() -> Setup {
+    /// A real API server with namespaces team-a, team-b and allot-system, for test `test`.
+    async fn start(test: &str) -> Option<Setup> {
+        let server = real_api(test)?;
+        for ns in ["team-a", "team-b", "allot-system"] {
+            server.create_namespace(ns, json!({})).unwrap();
+        }
+        let client = client_as(&server, USER).await;
         let clock = TestClock::new();
-        Setup {
+        Some(Setup {
+            server,
+            client,
+            store: Arc::new(MemoryStore::with_clock(clock.clock())),
+            clock,
+            metrics: Arc::new(Metrics::new()),
+        })
+    }
+
+    fn collector(&self, index: &Arc<Shared<ClusterIndex>>, leadership: Leadership) -> Collector {
+        Collector::new(
+            self.store.clone(),
+            index.clone(),
+            Arc::new(ApiReader::new(self.client.clone(), "test")),
+            GcSettings::default(),
+            leadership,
+            self.metrics.clone(),
+            self.clock.clock(),
+        )
+    }
+
+    /// A pod of `ns` on node-1, Running with a pod IP (written through its status), as stored.
+    fn running_json(&self, mut pod: Value) -> Value {
+        let status = pod["status"].clone();
+        pod.as_object_mut().unwrap().remove("status");
+        let mut stored = self.server.create("pods", pod).unwrap();
+        stored["status"] = status;
+        self.server.replace_status("pods", stored).unwrap()
+    }
+
+    /// A running pod stored in the API server, as stored.
+    fn running(&self, ns: &str, name: &str) -> Pod {
+        typed(self.running_json(pod_json(ns, name, "node-1")))
+    }
+
+    /// The Events recorded (events.k8s.io/v1).
+    fn events(&self) -> Vec<Value> {
+        self.server.list("events.k8s.io/v1", "events").unwrap()
+    }
+
+    fn held(&self) -> Vec<String> {
+        let mut a: Vec<String> = self
+            .store
+            .all()
+            .unwrap()
+            .iter()
+            .map(|c| c.address.to_string())
+            .collect();
+        a.sort();
+        a
+    }
+}
+
+/// The collector on the in-memory API server, for a fault it injects.
+struct InMemory {
+    server: ApiServer,
+    store: Arc<MemoryStore>,
+    clock: TestClock,
+    metrics: Arc<Metrics>,
+}
+
+impl InMemory {
+    fn new() -> InMemory {
+        let clock = TestClock::new();
+        InMemory {
             server: ApiServer::new(),
             store: Arc::new(MemoryStore::with_clock(clock.clock())),
             clock,
@@ -47,23 +125,6 @@ impl Setup {
             self.clock.clock(),
         )
     }
-
-    /// A running pod stored in the API server, as stored.
-    fn running(&self, ns: &str, name: &str) -> Pod {
-        stored(&self.server, "pods", pod_json(ns, name, "node-1"))
-    }
-
-    fn held(&self) -> Vec<String> {
-        let mut a: Vec<String> = self
-            .store
-            .all()
-            .unwrap()
-            .iter()
-            .map(|c| c.address.to_string())
-            .collect();
-        a.sort();
-        a
-    }
 }
 
 fn uid(p: &Pod) -> String {
@@ -72,7 +133,12 @@ fn uid(p: &Pod) -> String {
 
 #[tokio::test]
 async fn a_deleted_pods_address_is_released_at_the_second_look_past_the_grace_period() {
-    let s = Setup::new();
+    let Some(s) =
+        Setup::start("a_deleted_pods_address_is_released_at_the_second_look_past_the_grace_period")
+            .await
+    else {
+        return;
+    };
     let kept = s.running("team-a", "web-2");
     s.store
         .claim(&[
@@ -106,7 +172,7 @@ async fn a_deleted_pods_address_is_released_at_the_second_look_past_the_grace_pe
         metrics.contains("allot_gc_released_total{reason=\"pod-deleted\"} 1"),
         "{metrics}"
     );
-    let events = s.server.objects("events");
+    let events = s.events();
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0]["regarding"]["kind"], "IPPool");
     assert_eq!(events[0]["regarding"]["name"], "p");
@@ -116,7 +182,10 @@ async fn a_deleted_pods_address_is_released_at_the_second_look_past_the_grace_pe
 
 #[tokio::test]
 async fn a_pod_the_index_has_not_seen_yet_is_kept_by_the_fresh_read() {
-    let s = Setup::new();
+    let Some(s) = Setup::start("a_pod_the_index_has_not_seen_yet_is_kept_by_the_fresh_read").await
+    else {
+        return;
+    };
     // The pod exists, but the controller's watch has not delivered it (the index lags).
     let late = s.running("team-a", "web-1");
     s.store
@@ -139,7 +208,10 @@ async fn a_pod_the_index_has_not_seen_yet_is_kept_by_the_fresh_read() {
 
 #[tokio::test]
 async fn a_pod_of_the_same_name_in_another_namespace_is_another_pod() {
-    let s = Setup::new();
+    let Some(s) = Setup::start("a_pod_of_the_same_name_in_another_namespace_is_another_pod").await
+    else {
+        return;
+    };
     let other = s.running("team-b", "web");
     s.store
         .claim(&[
@@ -163,7 +235,10 @@ async fn a_pod_of_the_same_name_in_another_namespace_is_another_pod() {
 
 #[tokio::test]
 async fn a_claim_of_an_earlier_pod_of_the_same_name_is_released() {
-    let s = Setup::new();
+    let Some(s) = Setup::start("a_claim_of_an_earlier_pod_of_the_same_name_is_released").await
+    else {
+        return;
+    };
     let now = s.running("team-a", "web");
     s.store
         .claim(&[claim(
@@ -185,14 +260,38 @@ async fn a_claim_of_an_earlier_pod_of_the_same_name_is_released() {
 
 #[tokio::test]
 async fn a_terminating_pod_keeps_its_address_until_its_grace_period_has_passed() {
-    let s = Setup::new();
+    let Some(s) =
+        Setup::start("a_terminating_pod_keeps_its_address_until_its_grace_period_has_passed").await
+    else {
+        return;
+    };
+    // kubectl delete --grace-period=300 of a pod whose kubelet has not confirmed (none runs
+    // here) and which a finalizer holds: the API server gives it its deletionTimestamp.
     let mut p = pod_json("team-a", "web", "node-1");
-    p["metadata"]["deletionTimestamp"] = json!(rfc3339(T0));
-    p["metadata"]["deletionGracePeriodSeconds"] = json!(300);
     p["metadata"]["finalizers"] = json!(["example.com/keep"]);
-    let p: Pod = stored(&s.server, "pods", p);
+    s.running_json(p);
+    s.server
+        .delete_with_grace("v1", "pods", Some("team-a"), "web", 300)
+        .unwrap();
+    let p: Pod = typed(
+        s.server
+            .get("v1", "pods", Some("team-a"), "web")
+            .unwrap()
+            .unwrap(),
+    );
+    let meta = &p.metadata;
+    assert_eq!(meta.deletion_grace_period_seconds, Some(300));
+    // The collector's clock starts at the pod's deletionTimestamp.
+    let deleted_at = meta.deletion_timestamp.as_ref().unwrap().0.as_second() as u64;
+    s.clock.set(deleted_at);
     s.store
-        .claim(&[claim("10.0.0.1", "team-a", "web", &uid(&p), T0 - 3600)])
+        .claim(&[claim(
+            "10.0.0.1",
+            "team-a",
+            "web",
+            &uid(&p),
+            deleted_at - 3600,
+        )])
         .unwrap();
     let index = listed(vec![p], vec![node("node-1", true)], vec![]);
     let mut gc = s.collector(&index, Leadership::always());
@@ -202,11 +301,11 @@ async fn a_terminating_pod_keeps_its_address_until_its_grace_period_has_passed()
         gc.scan().await.unwrap().released.is_empty(),
         "deletionTimestamp + 300 s is ahead"
     );
-    s.clock.set(T0 + 300);
+    s.clock.set(deleted_at + 300);
     let pass = gc.scan().await.unwrap();
     assert_eq!(pass.released.len(), 1);
     assert_eq!(pass.released[0].1, LeakReason::TerminatingOnReadyNode);
-    let events = s.server.objects("events");
+    let events = s.events();
     assert_eq!(
         events[0]["regarding"]["kind"], "Pod",
         "the pod exists: the Event is on it"
@@ -215,11 +314,15 @@ async fn a_terminating_pod_keeps_its_address_until_its_grace_period_has_passed()
 
 #[tokio::test]
 async fn statefulset_pods_keep_their_addresses_while_their_set_wants_them() {
-    let s = Setup::new();
-    let set = stored(
-        &s.server,
-        "statefulsets",
-        statefulset_json("team-a", "db", 2),
+    let Some(s) =
+        Setup::start("statefulset_pods_keep_their_addresses_while_their_set_wants_them").await
+    else {
+        return;
+    };
+    let set = typed(
+        s.server
+            .create("statefulsets", statefulset_json("team-a", "db", 2))
+            .unwrap(),
     );
     s.store
         .claim(&[
@@ -253,7 +356,9 @@ async fn statefulset_pods_keep_their_addresses_while_their_set_wants_them() {
 
 #[tokio::test]
 async fn a_claim_changed_since_it_was_seen_is_kept() {
-    let s = Setup::new();
+    let Some(s) = Setup::start("a_claim_changed_since_it_was_seen_is_kept").await else {
+        return;
+    };
     let c = claim("10.0.0.1", "team-a", "web-1", "uid-gone", T0 - 3600);
     s.store.claim(std::slice::from_ref(&c)).unwrap();
     let index = listed(vec![], vec![node("node-1", true)], vec![]);
@@ -275,7 +380,9 @@ async fn a_claim_changed_since_it_was_seen_is_kept() {
 
 #[tokio::test]
 async fn a_replica_that_does_not_lead_releases_nothing() {
-    let s = Setup::new();
+    let Some(s) = Setup::start("a_replica_that_does_not_lead_releases_nothing").await else {
+        return;
+    };
     s.store
         .claim(&[claim("10.0.0.1", "team-a", "web-1", "uid-gone", T0 - 3600)])
         .unwrap();
@@ -289,9 +396,11 @@ async fn a_replica_that_does_not_lead_releases_nothing() {
     assert_eq!(s.held(), vec!["10.0.0.1"]);
 }
 
+/// Fault: every fresh read of a pod slowed down (`delay`), so that the lease can be taken in the
+/// middle of a scan; a real API server answers as fast as it can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_loses_its_lease_mid_scan_stops_releasing() {
-    let s = Setup::new();
+    let s = InMemory::new();
     const LEAKS: usize = 3000;
     let claims: Vec<_> = (0..LEAKS)
         .map(|i| {
@@ -361,7 +470,11 @@ async fn a_leader_that_loses_its_lease_mid_scan_stops_releasing() {
 
 #[tokio::test]
 async fn pod_events_make_the_collector_look_at_once_and_again_when_due() {
-    let s = Setup::new();
+    let Some(s) =
+        Setup::start("pod_events_make_the_collector_look_at_once_and_again_when_due").await
+    else {
+        return;
+    };
     let p = s.running("team-a", "web-1");
     // This test runs on the system clock: a claim made long ago.
     s.store
@@ -382,7 +495,7 @@ async fn pod_events_make_the_collector_look_at_once_and_again_when_due() {
     let gc = Collector::new(
         s.store.clone(),
         index.clone(),
-        Arc::new(ApiReader::new(s.server.client(), "test")),
+        Arc::new(ApiReader::new(s.client.clone(), "test")),
         settings,
         Leadership::always(),
         s.metrics.clone(),
@@ -397,7 +510,9 @@ async fn pod_events_make_the_collector_look_at_once_and_again_when_due() {
     assert_eq!(s.held(), vec!["10.0.0.1"]);
     // The pod is deleted and its DEL never came: the event makes the collector look at it,
     // and look again a grace period later, long before the next full scan.
-    s.server.remove("v1", "pods", Some("team-a"), "web-1");
+    s.server
+        .delete("v1", "pods", Some("team-a"), "web-1")
+        .unwrap();
     index.update(|i| IndexResource::<Pod>::delete(i, p));
     tokio::time::timeout(Duration::from_secs(10), async {
         while !s.held().is_empty() {
@@ -412,7 +527,10 @@ async fn pod_events_make_the_collector_look_at_once_and_again_when_due() {
 
 #[tokio::test]
 async fn nothing_is_decided_before_the_index_has_listed_the_pods() {
-    let s = Setup::new();
+    let Some(s) = Setup::start("nothing_is_decided_before_the_index_has_listed_the_pods").await
+    else {
+        return;
+    };
     s.store
         .claim(&[claim("10.0.0.1", "team-a", "web-1", "u", T0 - 3600)])
         .unwrap();
@@ -426,7 +544,7 @@ async fn nothing_is_decided_before_the_index_has_listed_the_pods() {
     let gc = Collector::new(
         s.store.clone(),
         index.clone(),
-        Arc::new(ApiReader::new(s.server.client(), "test")),
+        Arc::new(ApiReader::new(s.client.clone(), "test")),
         settings,
         Leadership::always(),
         s.metrics.clone(),
@@ -448,14 +566,19 @@ async fn nothing_is_decided_before_the_index_has_listed_the_pods() {
 #[test]
 fn the_leader_deletes_ipblocks_emptied_over_an_hour_ago() {
     use allot_store::{KubeConfig, KubeStore};
-    let s = Setup::new();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(s) = runtime.block_on(Setup::start(
+        "the_leader_deletes_ipblocks_emptied_over_an_hour_ago",
+    )) else {
+        return;
+    };
     let kept = s.running("team-a", "web-2");
-    let store_server = s.server.clone();
+    let kubeconfig = s.server.kubeconfig().to_path_buf();
     let store = Arc::new(
         KubeStore::open_with(
             &KubeConfig::default(),
             s.clock.clock(),
-            move || async move { Ok(store_server.client()) },
+            move || async move { allot_store::kube_client(Some(&kubeconfig)).await },
         )
         .unwrap(),
     );
@@ -465,23 +588,23 @@ fn the_leader_deletes_ipblocks_emptied_over_an_hour_ago() {
             claim("10.0.1.2", "team-a", "web-2", &uid(&kept), T0 - 3600),
         ])
         .unwrap();
-    let blocks = |server: &ApiServer| -> Vec<String> {
+    let blocks = |server: &LoopbackControlPlane| -> Vec<String> {
         let mut names: Vec<String> = server
-            .objects("ipblocks")
+            .list("allot.dev/v1alpha1", "ipblocks")
+            .unwrap()
             .iter()
             .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
             .collect();
         names.sort();
         names
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
     let _entered = runtime.enter();
     let index = listed(vec![kept], vec![node("node-1", true)], vec![]);
     let collector = |leadership| {
         Collector::new(
             store.clone(),
             index.clone(),
-            Arc::new(ApiReader::new(s.server.client(), "test")),
+            Arc::new(ApiReader::new(s.client.clone(), "test")),
             GcSettings::default(),
             leadership,
             s.metrics.clone(),

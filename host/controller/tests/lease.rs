@@ -1,9 +1,12 @@
-//! Leader election: replicas racing for one Lease (in-memory API server), and each API path of
-//! a round against kube's mock service, every request checked.
+//! Leader election: replicas racing for one Lease on a real kube-apiserver (upstream etcd and
+//! kube-apiserver on 127.0.0.1), and each API path of a round against kube's mock service,
+//! every request checked. A leader cut off from the API runs on the in-memory API server
+//! (`tests/apiserver`), which answers 503 on demand.
 
 use std::time::{Duration, Instant};
 
 use allot_controller::lease::{Leadership, LeaseConfig, elect};
+use allot_lab::LoopbackControlPlane;
 use allot_test_apiserver::ApiServer;
 use allot_test_apiserver::verifier::{answer, mock_client, refusal};
 use kube::Api;
@@ -29,11 +32,11 @@ struct Replica {
 }
 
 impl Replica {
-    fn start(server: &ApiServer, identity: &str) -> Replica {
+    fn start(client: &kube::Client, identity: &str) -> Replica {
         let leadership = Leadership::default();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(elect(
-            Api::namespaced(server.client(), NS),
+            Api::namespaced(client.clone(), NS),
             config(identity),
             leadership.clone(),
             async {
@@ -69,8 +72,28 @@ async fn until(what: &str, f: impl Fn() -> bool) {
     }
 }
 
-fn holder(server: &ApiServer) -> String {
-    server.objects("leases")[0]["spec"]["holderIdentity"]
+/// A real API server with namespace [`NS`], and a client of it on the caller's runtime.
+async fn real_api(test: &str) -> Option<(LoopbackControlPlane, kube::Client)> {
+    let server = LoopbackControlPlane::for_test(test, Default::default())?;
+    server.create_namespace(NS, json!({})).unwrap();
+    let client = allot_lab::kube_client(server.kubeconfig()).await.unwrap();
+    Some((server, client))
+}
+
+fn the_lease(server: &LoopbackControlPlane) -> serde_json::Value {
+    server
+        .get(
+            "coordination.k8s.io/v1",
+            "leases",
+            Some(NS),
+            "allot-controller",
+        )
+        .unwrap()
+        .expect("the Lease")
+}
+
+fn holder(server: &LoopbackControlPlane) -> String {
+    the_lease(server)["spec"]["holderIdentity"]
         .as_str()
         .unwrap_or_default()
         .to_string()
@@ -78,9 +101,12 @@ fn holder(server: &ApiServer) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_replicas_racing_exactly_one_leads_at_any_time() {
-    let server = ApiServer::new();
+    let Some((server, client)) = real_api("of_replicas_racing_exactly_one_leads_at_any_time").await
+    else {
+        return;
+    };
     let replicas: Vec<Replica> = (0..3)
-        .map(|i| Replica::start(&server, &format!("replica-{i}")))
+        .map(|i| Replica::start(&client, &format!("replica-{i}")))
         .collect();
     until("someone leads", || {
         replicas.iter().any(|r| r.leadership.is_leading())
@@ -104,10 +130,14 @@ async fn of_replicas_racing_exactly_one_leads_at_any_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_stops_gives_the_lease_up_and_another_takes_over_at_once() {
-    let server = ApiServer::new();
-    let a = Replica::start(&server, "a");
+    let Some((server, client)) =
+        real_api("a_leader_that_stops_gives_the_lease_up_and_another_takes_over_at_once").await
+    else {
+        return;
+    };
+    let a = Replica::start(&client, "a");
     until("a leads", || a.leadership.is_leading()).await;
-    let b = Replica::start(&server, "b");
+    let b = Replica::start(&client, "b");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!b.leadership.is_leading(), "a renews: b follows");
     let t = Instant::now();
@@ -119,16 +149,20 @@ async fn a_leader_that_stops_gives_the_lease_up_and_another_takes_over_at_once()
         t.elapsed()
     );
     assert_eq!(holder(&server), "b");
-    assert_eq!(server.objects("leases")[0]["spec"]["leaseTransitions"], 1);
+    assert_eq!(the_lease(&server)["spec"]["leaseTransitions"], 1);
     b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_leader_is_replaced_after_the_lease_duration() {
-    let server = ApiServer::new();
-    let a = Replica::start(&server, "a");
+    let Some((_server, client)) =
+        real_api("a_dead_leader_is_replaced_after_the_lease_duration").await
+    else {
+        return;
+    };
+    let a = Replica::start(&client, "a");
     until("a leads", || a.leadership.is_leading()).await;
-    let b = Replica::start(&server, "b");
+    let b = Replica::start(&client, "b");
     a.kill();
     let t = Instant::now();
     until("b leads", || b.leadership.is_leading()).await;
@@ -142,13 +176,23 @@ async fn a_dead_leader_is_replaced_after_the_lease_duration() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_lease_is_taken_stops_acting_at_once() {
-    let server = ApiServer::new();
-    let a = Replica::start(&server, "a");
+    let Some((server, client)) =
+        real_api("a_leader_whose_lease_is_taken_stops_acting_at_once").await
+    else {
+        return;
+    };
+    let a = Replica::start(&client, "a");
     until("a leads", || a.leadership.is_leading()).await;
     let mut changes = a.leadership.subscribe();
-    let mut lease = server.objects("leases").pop().unwrap();
-    lease["spec"]["holderIdentity"] = json!("intruder");
-    server.edit("leases", lease);
+    server
+        .edit(
+            "coordination.k8s.io/v1",
+            "leases",
+            Some(NS),
+            "allot-controller",
+            |lease| lease["spec"]["holderIdentity"] = json!("intruder"),
+        )
+        .unwrap();
     until("a stops", || !a.leadership.is_leading()).await;
     changes.changed().await.unwrap();
     assert!(!*changes.borrow());
@@ -160,10 +204,12 @@ async fn a_leader_whose_lease_is_taken_stops_acting_at_once() {
     );
 }
 
+/// Fault: every read of the Lease answered 503 (`fail`), while the API server otherwise
+/// runs; a real one answers what it holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_cannot_reach_the_api_stops_acting_by_its_renew_deadline() {
     let server = ApiServer::new();
-    let a = Replica::start(&server, "a");
+    let a = Replica::start(&server.client(), "a");
     until("a leads", || a.leadership.is_leading()).await;
     server.fail("get", "leases", 1000, 503, "ServiceUnavailable");
     let t = Instant::now();

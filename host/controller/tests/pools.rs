@@ -1,6 +1,7 @@
 //! Pool lifecycle: status counts derived from the claims, and the finalizer that keeps a
-//! deleted pool until its claims are released. Against the in-memory API server with the
-//! controller's own watches, and each write against kube's mock service.
+//! deleted pool until its claims are released. Against a real kube-apiserver (upstream etcd
+//! and kube-apiserver on 127.0.0.1) with the controller's own watches, and each write against
+//! kube's mock service.
 
 mod common;
 
@@ -13,7 +14,7 @@ use allot_controller::pools::{FINALIZER, PoolLifecycle};
 use allot_controller::run::watch;
 use allot_core::store::{MemoryStore, Store};
 use allot_index::{ClusterIndex, IndexResource, PoolObject, Shared};
-use allot_test_apiserver::ApiServer;
+use allot_lab::LoopbackControlPlane;
 use allot_test_apiserver::verifier::{answer, mock_client};
 use common::*;
 use serde_json::{Value, json};
@@ -29,29 +30,39 @@ async fn until(what: &str, f: impl Fn() -> bool) {
     }
 }
 
+/// The user the lifecycle's requests are made as.
+const USER: &str = "allot-controller";
+const ALLOT: &str = "allot.dev/v1alpha1";
+
 struct Setup {
-    server: ApiServer,
+    server: LoopbackControlPlane,
     store: Arc<MemoryStore>,
     index: Arc<Shared<ClusterIndex>>,
     lifecycle: PoolLifecycle,
     metrics: Arc<Metrics>,
 }
 
-async fn setup(leadership: Leadership) -> Setup {
-    let server = ApiServer::new();
-    server.insert(
-        "ippools",
-        pool_json("p", "10.0.0.0/24", &["10.0.0.10-10.0.0.19"]),
-    );
-    server.insert(
-        "ippools",
-        pool_json("q", "10.0.0.0/24", &["10.0.0.30-10.0.0.39"]),
-    );
-    server.insert(
-        "subnets",
-        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Subnet", "metadata": {"name": "s"},
-               "spec": {"subnet": "10.0.0.0/24", "gateway": "10.0.0.1"}}),
-    );
+async fn setup(test: &str, leadership: Leadership) -> Option<Setup> {
+    let server = real_api(test)?;
+    server
+        .create(
+            "ippools",
+            pool_json("p", "10.0.0.0/24", &["10.0.0.10-10.0.0.19"]),
+        )
+        .unwrap();
+    server
+        .create(
+            "ippools",
+            pool_json("q", "10.0.0.0/24", &["10.0.0.30-10.0.0.39"]),
+        )
+        .unwrap();
+    server
+        .create(
+            "subnets",
+            json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Subnet", "metadata": {"name": "s"},
+                   "spec": {"subnet": "10.0.0.0/24", "gateway": "10.0.0.1"}}),
+        )
+        .unwrap();
     let store = Arc::new(MemoryStore::new());
     store
         .claim(&[
@@ -59,8 +70,9 @@ async fn setup(leadership: Leadership) -> Setup {
             claim("10.0.0.11", "web", "b", "ub", T0),
         ])
         .unwrap();
+    let client = client_as(&server, USER).await;
     let index = Shared::of(ClusterIndex::new());
-    watch(&index, &server.client(), false);
+    watch(&index, &client, false);
     let _ = index
         .wait_for(Duration::from_secs(10), |i| {
             i.ready_for_pools().then_some(())
@@ -68,29 +80,33 @@ async fn setup(leadership: Leadership) -> Setup {
         .await;
     let metrics = Arc::new(Metrics::new());
     let lifecycle = PoolLifecycle::new(
-        server.client(),
+        client,
         store.clone(),
         index.clone(),
         leadership,
         metrics.clone(),
     );
-    Setup {
+    Some(Setup {
         server,
         store,
         index,
         lifecycle,
         metrics,
-    }
+    })
 }
 
-fn object(server: &ApiServer, plural: &str, name: &str) -> Option<Value> {
-    server
-        .objects(plural)
-        .into_iter()
-        .find(|o| o["metadata"]["name"] == name)
+fn object(server: &LoopbackControlPlane, plural: &str, name: &str) -> Option<Value> {
+    server.get(ALLOT, plural, None, name).unwrap()
 }
 
-fn status(server: &ApiServer, plural: &str, name: &str) -> (Value, Value) {
+/// The lifecycle's patches of `plural`, the objects and their status.
+fn patches(server: &LoopbackControlPlane, plural: &str) -> usize {
+    let resource = format!("allot.dev/{plural}");
+    requests(server, USER, "patch", &resource)
+        + requests(server, USER, "patch", &format!("{resource}/status"))
+}
+
+fn status(server: &LoopbackControlPlane, plural: &str, name: &str) -> (Value, Value) {
     let o = object(server, plural, name).unwrap();
     (
         o["status"]["allocatedIPCount"].clone(),
@@ -100,7 +116,14 @@ fn status(server: &ApiServer, plural: &str, name: &str) -> (Value, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_counts_are_derived_from_the_claims_and_written_only_when_they_change() {
-    let mut s = setup(Leadership::always()).await;
+    let Some(mut s) = setup(
+        "status_counts_are_derived_from_the_claims_and_written_only_when_they_change",
+        Leadership::always(),
+    )
+    .await
+    else {
+        return;
+    };
     let round = s.lifecycle.round().await.unwrap();
     assert_eq!(round.status_written, vec!["p", "q", "s"]);
     assert_eq!(status(&s.server, "ippools", "p"), (json!(2), json!(10)));
@@ -119,7 +142,7 @@ async fn status_counts_are_derived_from_the_claims_and_written_only_when_they_ch
         s.index.read().allot_objects().all(|e| e.status.0.is_some())
     })
     .await;
-    let writes = s.server.requests("patch", "ippools");
+    let writes = patches(&s.server, "ippools");
     let round = s.lifecycle.round().await.unwrap();
     assert!(round.status_written.is_empty(), "{round:?}");
     // A claim released: p's count follows.
@@ -130,12 +153,19 @@ async fn status_counts_are_derived_from_the_claims_and_written_only_when_they_ch
     let round = s.lifecycle.round().await.unwrap();
     assert_eq!(round.status_written, vec!["p"]);
     assert_eq!(status(&s.server, "ippools", "p"), (json!(1), json!(10)));
-    assert!(s.server.requests("patch", "ippools") > writes);
+    assert!(patches(&s.server, "ippools") > writes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pool_stays_until_no_claim_holds_its_addresses() {
-    let mut s = setup(Leadership::always()).await;
+    let Some(mut s) = setup(
+        "a_deleted_pool_stays_until_no_claim_holds_its_addresses",
+        Leadership::always(),
+    )
+    .await
+    else {
+        return;
+    };
     let round = s.lifecycle.round().await.unwrap();
     assert_eq!(round.finalizers_added, vec!["p", "q"]);
     let p = object(&s.server, "ippools", "p").unwrap();
@@ -150,8 +180,8 @@ async fn a_deleted_pool_stays_until_no_claim_holds_its_addresses() {
     .await;
 
     // kubectl delete: p holds two claims, q none.
-    s.server.remove("allot.dev/v1alpha1", "ippools", None, "p");
-    s.server.remove("allot.dev/v1alpha1", "ippools", None, "q");
+    s.server.delete(ALLOT, "ippools", None, "p").unwrap();
+    s.server.delete(ALLOT, "ippools", None, "q").unwrap();
     until("the watch sees p terminating and q gone", || {
         let i = s.index.read();
         i.allot_objects()
@@ -180,11 +210,18 @@ async fn a_deleted_pool_stays_until_no_claim_holds_its_addresses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_does_not_lead_writes_nothing() {
-    let mut s = setup(Leadership::default()).await;
+    let Some(mut s) = setup(
+        "a_replica_that_does_not_lead_writes_nothing",
+        Leadership::default(),
+    )
+    .await
+    else {
+        return;
+    };
     let round = s.lifecycle.round().await.unwrap();
     assert_eq!(round, Default::default());
-    assert_eq!(s.server.requests("patch", "ippools"), 0);
-    assert_eq!(s.server.requests("patch", "subnets"), 0);
+    assert_eq!(patches(&s.server, "ippools"), 0);
+    assert_eq!(patches(&s.server, "subnets"), 0);
 }
 
 const POOLS: &str = "/apis/allot.dev/v1alpha1/ippools";

@@ -25,6 +25,23 @@
 //! several handles on it: they check that independent clients (threads, processes, agents)
 //! race safely and that what was committed is still there after reopening.
 //!
+//! A backend whose store is costly to bring up (a real API server) runs every check in one
+//! test instead, each on a fresh location made from one fixture, with each check's name
+//! printed and its failure attributed ([`Sequence`]):
+//!
+//! ```ignore
+//! mod contract {
+//!     allot_store::store_contract_tests! {
+//!         in_sequence: every_check_on_one_api_server,
+//!         // Once per test process; None skips the test (after saying why).
+//!         setup: super::start_api_server,
+//!         // A fresh, empty location from the fixture, before each check.
+//!         location: super::emptied,
+//!         open: super::open,
+//!     }
+//! }
+//! ```
+//!
 //! When adding a check, add its name to the macro's list as well.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,8 +53,10 @@ use allot_core::store::{Attachment, Claim, PodRef, Reattach, Store, StoreError};
 
 mod concurrency;
 mod feed;
+mod suite;
 pub use concurrency::*;
 pub use feed::*;
+pub use suite::Sequence;
 
 /// Threads in the concurrency checks.
 pub const THREADS: usize = 16;
@@ -64,76 +83,6 @@ const T0: u64 = 1_700_000_000;
 /// The node the contract's claims are made on, and the one a StatefulSet pod comes back on.
 const NODE: &str = "node-a";
 const OTHER_NODE: &str = "node-b";
-
-/// Expands to one `#[test]` per contract check. See the [module documentation](crate::contract).
-#[macro_export]
-macro_rules! store_contract_tests {
-    (location: $location:expr, open: $open:expr $(,)?) => {
-        $crate::store_contract_tests!(@store [$location] [$open]
-            claim_then_claims_of
-            empty_batch_is_a_no_op
-            claim_of_held_address_conflicts
-            batch_is_all_or_nothing
-            batch_naming_one_address_twice_conflicts
-            released_address_can_be_claimed_again
-            release_attachment_releases_only_that_attachment
-            release_attachment_is_idempotent
-            release_only_by_the_holder
-            release_of_unclaimed_address_is_false
-            detach_keeps_addresses_for_the_pod
-            detach_of_nothing_is_empty
-            reattach_same_pod_succeeds
-            reattach_other_pod_is_stale
-            reattach_twice_is_stale
-            reattach_of_attached_or_missing_is_stale
-            release_detached_with_none
-            release_attachment_leaves_detached_claims
-            quarantine_moves_one_claim_to_the_conflict
-            quarantine_of_a_free_address_is_a_detached_claim
-            all_lists_everything
-            ipv4_and_ipv6
-            fields_round_trip
-            concurrent_claims_of_one_address_have_one_winner
-            concurrent_overlapping_batches_are_all_or_nothing
-            concurrent_claims_of_distinct_addresses_all_succeed
-            concurrent_releases_have_one_winner
-            concurrent_reattach_has_one_winner
-            feed_reports_every_change_in_order
-            failed_writes_add_no_change
-            revision_from_the_future_is_compacted
-            snapshot_has_claims_releases_and_cursors
-            claim_batch_with_reattach_is_all_or_nothing
-            release_unchanged_keeps_changed_claims
-            claims_of_pod_and_detached
-        );
-        $crate::store_contract_tests!(@location [$location] [$open]
-            reopen_keeps_everything
-            handles_on_one_location_race_safely
-            handles_see_each_others_changes
-            revision_survives_reopen
-        );
-    };
-    (@store [$location:expr] [$open:expr] $($check:ident)*) => {
-        $(
-            #[test]
-            fn $check() {
-                let location = ($location)();
-                let open = $open;
-                let store = open(&location);
-                $crate::contract::$check(&store);
-            }
-        )*
-    };
-    (@location [$location:expr] [$open:expr] $($check:ident)*) => {
-        $(
-            #[test]
-            fn $check() {
-                let location = ($location)();
-                $crate::contract::$check(&location, $open);
-            }
-        )*
-    };
-}
 
 // ---------------------------------------------------------------------------------------------
 // Builders.

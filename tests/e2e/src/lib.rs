@@ -11,6 +11,7 @@
 //! machine cannot run them (not root, or containernetworking-plugins missing).
 
 pub mod fleet;
+pub mod kube;
 pub mod probe;
 pub mod registry;
 

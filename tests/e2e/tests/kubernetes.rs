@@ -1,49 +1,41 @@
 //! Cluster mode end to end: the real `allot` plugin, called by Debian's bridge plugin inside a
-//! network namespace, asks an agent running with `--kubernetes` against an API server. No
-//! Kubernetes API server can be installed here, so the server is allot's in-memory one
-//! (`tests/apiserver`), served over loopback HTTP from a kubeconfig: the agent's watches, GETs,
-//! IPBlock compare-and-swap writes, Endpoint writes, Policy status and Events all go through
-//! kube-rs's real client and HTTP.
+//! network namespace, asks an agent running with `--kubernetes` against a real kube-apiserver
+//! (upstream etcd and kube-apiserver on 127.0.0.1, with allot's CRDs): the agent's watches,
+//! GETs, IPBlock compare-and-swap writes, Endpoint writes, Policy status and Events all go
+//! through kube-rs's client, the API server's authentication, validation and storage. What the
+//! tests set up are real API objects: namespaces, nodes, pods bound to a node, workloads,
+//! pools. The one test that needs a watch held back is in `kubernetes_faults.rs`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use allot_e2e::kube::{ALLOT, KubeApi};
 use allot_e2e::*;
-use allot_test_apiserver::{ApiServer, Loopback};
 use serde_json::{Value, json};
 
 const NODE: &str = "node-e2e";
 
-/// An API server on a loopback port with a kubeconfig file for it, running on its own runtime.
+/// A real API server with namespace `default` (labelled `team: blue`), node [`NODE`] and
+/// the given pools.
 struct Cluster {
-    server: ApiServer,
-    kubeconfig: PathBuf,
-    _api: Loopback,
+    api: KubeApi,
 }
 
 impl Cluster {
-    /// A cluster with namespace `default`, node [`NODE`] and the given pools.
-    fn new(pools: &[Value]) -> Cluster {
-        let api = ApiServer::on_loopback();
-        let (server, kubeconfig) = (api.server.clone(), api.kubeconfig.clone());
-        server.insert(
-            "namespaces",
-            json!({"apiVersion": "v1", "kind": "Namespace",
-                   "metadata": {"name": "default", "labels": {"team": "blue"}}}),
-        );
-        server.insert(
-            "nodes",
-            json!({"apiVersion": "v1", "kind": "Node",
-                   "metadata": {"name": NODE, "labels": {"topology.kubernetes.io/zone": "z1"}}}),
-        );
+    fn new(test: &str, pools: &[Value]) -> Option<Cluster> {
+        let api = KubeApi::start(test)?;
+        api.namespace("default", json!({"team": "blue"}));
+        api.node(NODE, json!({"topology.kubernetes.io/zone": "z1"}), false);
         for pool in pools {
-            server.insert("ippools", pool.clone());
+            api.create("ippools", pool.clone());
         }
-        Cluster {
-            server,
-            kubeconfig,
-            _api: api,
-        }
+        Some(Cluster { api })
+    }
+
+    /// The kubeconfig of node `node`'s agent: a user of its own, so that the audit log tells
+    /// its requests apart.
+    fn agent_kubeconfig(&self, node: &str) -> PathBuf {
+        self.api.kubeconfig_of(&agent_user(node))
     }
 
     /// Adds the pod of `att` on [`NODE`], with `annotations` and the controller `owner`; `att`
@@ -61,7 +53,7 @@ impl Cluster {
     ) {
         let mut pod = json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"namespace": att.namespace, "name": att.name, "uid": att.uid,
+            "metadata": {"namespace": att.namespace, "name": att.name,
                          "labels": {"app": "web"}, "annotations": annotations},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
         });
@@ -69,19 +61,26 @@ impl Cluster {
             pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": kind,
                 "name": name, "uid": "owner-uid", "controller": true}]);
         }
-        let stored = self.server.insert("pods", pod);
+        let stored = self.api.create("pods", pod);
         att.uid = stored["metadata"]["uid"]
             .as_str()
             .expect("a UID")
             .to_string();
     }
 
+    /// allot's object `name` of `plural` in namespace `default` (or cluster-scoped).
     fn object(&self, plural: &str, name: &str) -> Option<Value> {
-        self.server
-            .objects(plural)
-            .into_iter()
-            .find(|o| o["metadata"]["name"] == name)
+        let namespace = (plural == "endpoints").then_some("default");
+        self.api.object(ALLOT, plural, namespace, name)
     }
+
+    fn blocks(&self) -> Vec<Value> {
+        self.api.objects(ALLOT, "ipblocks")
+    }
+}
+
+fn agent_user(node: &str) -> String {
+    format!("allot-agent:{node}")
 }
 
 fn pool(name: &str, subnet: &str, gateway: &str, ips: &str, default: bool) -> Value {
@@ -112,28 +111,29 @@ fn two_pools() -> Vec<Value> {
 }
 
 fn lab(test: &str, cluster: &Cluster, flags: &[(&str, &str)]) -> Option<Lab> {
-    Lab::on_cluster(test, &cluster.kubeconfig, NODE, flags)
+    Lab::on_cluster(test, &cluster.agent_kubeconfig(NODE), NODE, flags)
 }
 
 /// The pod's annotation (which the plugin never sees) picks the pool, its ReplicaSet resolves
 /// to its Deployment, the Endpoint records it all, and DEL undoes it.
 #[test]
 fn a_pod_is_served_from_what_the_cluster_says_about_it() {
-    let cluster = Cluster::new(&two_pools());
-    let Some(lab) = lab(
-        "a_pod_is_served_from_what_the_cluster_says_about_it",
-        &cluster,
-        &[],
-    ) else {
+    let test = "a_pod_is_served_from_what_the_cluster_says_about_it";
+    let Some(cluster) = Cluster::new(test, &two_pools()) else {
         return;
     };
-    cluster.server.insert(
+    let Some(lab) = lab(test, &cluster, &[]) else {
+        return;
+    };
+    cluster.api.create(
         "replicasets",
         json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
                "metadata": {"namespace": "default", "name": "web-5d8f",
                  "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
                                       "uid": "d", "controller": true}]},
-               "spec": {"selector": {}}}),
+               "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                        "template": {"metadata": {"labels": {"app": "web"}},
+                                     "spec": {"containers": [{"name": "c", "image": "pause"}]}}}}),
     );
     let mut att = Attachment::new("web-5d8f-x2x");
     cluster.add_pod(
@@ -174,8 +174,7 @@ fn a_pod_is_served_from_what_the_cluster_says_about_it() {
     // The claim is in an IPBlock of the pool, with the resolved owner.
     let address = addr_of(&ip).to_string();
     let claim = cluster
-        .server
-        .objects("ipblocks")
+        .blocks()
         .into_iter()
         .find_map(|b| b["spec"]["claims"].get(&address).cloned())
         .expect("the claim is in an IPBlock");
@@ -183,8 +182,9 @@ fn a_pod_is_served_from_what_the_cluster_says_about_it() {
     assert_eq!(claim["ownerKind"], "Deployment");
     assert_eq!(claim["pod"], att.name.as_str());
     // Found in the watch cache: no per-ADD read of the pod, its namespace, node or owner.
-    for plural in ["pods", "namespaces", "nodes", "replicasets"] {
-        assert_eq!(cluster.server.requests("get", plural), 0, "GET {plural}");
+    for resource in ["/pods", "/namespaces", "/nodes", "apps/replicasets"] {
+        let gets = cluster.api.requests(&agent_user(NODE), "get", resource);
+        assert!(gets.is_empty(), "GET {resource}: {gets:?}");
     }
 
     lab.cni("bridge", "DEL", &att, &conf).expect_ok();
@@ -197,72 +197,46 @@ fn a_pod_is_served_from_what_the_cluster_says_about_it() {
     assert_eq!(free, 10, "the address is free again");
     assert!(
         cluster
-            .server
-            .objects("ipblocks")
+            .blocks()
             .iter()
             .all(|b| b["spec"]["claims"].get(&address).is_none()),
         "the claim is gone from its IPBlock"
     );
 }
 
-/// A pod the watch has not delivered (the runtime was faster) is read from the API once, after
-/// a bounded wait; its ReplicaSet, unknown to the API, stands as its owner.
+/// A pod the API does not know, the watch's or the API's: the ADD fails with try-again (after
+/// one bounded wait and one read), nothing is claimed.
 #[test]
-fn a_pod_not_yet_in_the_cache_is_read_from_the_api_once() {
-    let cluster = Cluster::new(&two_pools());
-    let Some(lab) = lab(
-        "a_pod_not_yet_in_the_cache_is_read_from_the_api_once",
-        &cluster,
-        &[("--pod-wait-ms", "200")],
-    ) else {
+fn a_pod_the_api_does_not_know_fails_the_add_with_try_again() {
+    let test = "a_pod_the_api_does_not_know_fails_the_add_with_try_again";
+    let Some(cluster) = Cluster::new(test, &two_pools()) else {
         return;
     };
-    // Once the agent watches pods, its watch delivers nothing more.
-    lab.eventually("the agent watches pods", Duration::from_secs(10), || {
-        cluster.server.requests("watch", "pods") > 0
-    });
-    cluster
-        .server
-        .delay("watch", "pods", Duration::from_secs(3600));
-    cluster.server.close_watches();
-    let mut att = Attachment::new("late");
-    cluster.add_pod(&mut att, json!({}), Some(("ReplicaSet", "late-rs")));
+    let Some(lab) = lab(test, &cluster, &[("--pod-wait-ms", "200")]) else {
+        return;
+    };
     let conf = lab.bridge_conf(&["plain"], &[]);
-    let ip = lab.bridge_add(&att, &conf).ip();
-    assert!(in_range(addr_of(&ip), "10.97.0.10", "10.97.0.19"), "{ip}");
-    for plural in ["pods", "replicasets"] {
-        assert_eq!(
-            cluster.server.requests("get", plural),
-            1,
-            "GET {plural}; agent log:\n{}",
-            lab.agent.log()
-        );
-    }
-    lab.eventually("the Endpoint", Duration::from_secs(10), || {
-        cluster
-            .object("endpoints", "late")
-            .is_some_and(|e| e["spec"]["owner"] == json!({"kind": "ReplicaSet", "name": "late-rs"}))
-    });
-
-    // A pod the API does not know either: the ADD fails with try-again, nothing is claimed.
     let ghost = Attachment::new("ghost");
     let out = lab.cni("bridge", "ADD", &ghost, &conf);
     assert!(!out.success(), "{out}");
     assert_eq!(out.code(), Some(11), "{out}");
     assert!(out.msg().contains("ghost"), "{out}");
     let (_, free) = lab.agent.pool_counts("plain");
-    assert_eq!(free, 9, "only `late` holds an address");
+    assert_eq!(free, 10, "nothing is claimed");
+    let gets = cluster.api.requests(&agent_user(NODE), "get", "/pods");
+    assert_eq!(gets.len(), 1, "read from the API once: {gets:?}");
+    assert_eq!(gets[0].name, "ghost");
+    assert_eq!(gets[0].code, 404);
 }
 
 /// A malformed Multus annotation is the pod's error, said as such.
 #[test]
 fn a_malformed_networks_annotation_fails_the_add_with_the_reason() {
-    let cluster = Cluster::new(&two_pools());
-    let Some(lab) = lab(
-        "a_malformed_networks_annotation_fails_the_add_with_the_reason",
-        &cluster,
-        &[],
-    ) else {
+    let test = "a_malformed_networks_annotation_fails_the_add_with_the_reason";
+    let Some(cluster) = Cluster::new(test, &two_pools()) else {
+        return;
+    };
+    let Some(lab) = lab(test, &cluster, &[]) else {
         return;
     };
     let mut att = Attachment::new("bad-nets");
@@ -282,6 +256,7 @@ fn a_malformed_networks_annotation_fails_the_add_with_the_reason() {
 /// status and an Event say why.
 #[test]
 fn the_agent_follows_the_policy_object_and_refuses_a_bad_component() {
+    let test = "the_agent_follows_the_policy_object_and_refuses_a_bad_component";
     let wasm = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../target/wasm-policies/wasm32-wasip2/release/zone_aware.wasm");
     assert!(
@@ -290,12 +265,10 @@ fn the_agent_follows_the_policy_object_and_refuses_a_bad_component() {
         wasm.display()
     );
     let digest = sha256_of(&wasm);
-    let cluster = Cluster::new(&two_pools());
-    let Some(lab) = lab(
-        "the_agent_follows_the_policy_object_and_refuses_a_bad_component",
-        &cluster,
-        &[],
-    ) else {
+    let Some(cluster) = Cluster::new(test, &two_pools()) else {
+        return;
+    };
+    let Some(lab) = lab(test, &cluster, &[]) else {
         return;
     };
     let policy = |sha: &str| {
@@ -304,7 +277,7 @@ fn the_agent_follows_the_policy_object_and_refuses_a_bad_component() {
                "spec": {"source": {"file": wasm.to_str().unwrap()}, "sha256": sha,
                         "onFailure": "fail"}})
     };
-    cluster.server.insert("policies", policy(&digest));
+    cluster.api.create("policies", policy(&digest));
     lab.eventually(
         "the Policy's status names the served digest",
         Duration::from_secs(30),
@@ -322,9 +295,9 @@ fn the_agent_follows_the_policy_object_and_refuses_a_bad_component() {
     lab.bridge_add(&att, &conf);
 
     let wrong = format!("sha256:{}", "0".repeat(64));
-    let mut edited = cluster.object("policies", "default").unwrap();
-    edited["spec"]["sha256"] = json!(wrong);
-    cluster.server.edit("policies", edited);
+    cluster.api.edit(ALLOT, "policies", None, "default", |p| {
+        p["spec"]["sha256"] = json!(wrong)
+    });
     lab.eventually("the refusal in the status", Duration::from_secs(30), || {
         cluster.object("policies", "default").is_some_and(|p| {
             p["status"]["refusedReason"]
@@ -334,7 +307,7 @@ fn the_agent_follows_the_policy_object_and_refuses_a_bad_component() {
     });
     let status = cluster.object("policies", "default").unwrap()["status"].clone();
     assert_eq!(status["servingDigest"], digest.as_str(), "{status}");
-    let events = cluster.server.objects("events");
+    let events = cluster.api.objects("events.k8s.io/v1", "events");
     assert!(
         events
             .iter()
@@ -352,26 +325,24 @@ fn the_agent_follows_the_policy_object_and_refuses_a_bad_component() {
 #[test]
 fn a_statefulset_pod_recreated_on_another_node_keeps_its_address() {
     const NODE_B: &str = "node-e2e-b";
-    let cluster = Cluster::new(&two_pools());
-    cluster.server.insert(
-        "nodes",
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_B}}),
-    );
-    cluster.server.insert(
+    let test = "a_statefulset_pod_recreated_on_another_node_keeps_its_address";
+    let Some(cluster) = Cluster::new(test, &two_pools()) else {
+        return;
+    };
+    cluster.api.node(NODE_B, json!({}), false);
+    cluster.api.create(
         "statefulsets",
         json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
                "metadata": {"namespace": "default", "name": "web"},
-               "spec": {"replicas": 3, "serviceName": "web", "selector": {},
-                        "template": {"spec": {"containers": []}}}}),
+               "spec": {"replicas": 3, "serviceName": "web",
+                        "selector": {"matchLabels": {"app": "web"}},
+                        "template": {"metadata": {"labels": {"app": "web"}},
+                                     "spec": {"containers": [{"name": "c", "image": "pause"}]}}}}),
     );
-    let Some(lab) = lab(
-        "a_statefulset_pod_recreated_on_another_node_keeps_its_address",
-        &cluster,
-        &[],
-    ) else {
+    let Some(lab) = lab(test, &cluster, &[]) else {
         return;
     };
-    let node_b = Agent::start_on_cluster(&cluster.kubeconfig, NODE_B, &[]);
+    let node_b = Agent::start_on_cluster(&cluster.agent_kubeconfig(NODE_B), NODE_B, &[]);
     let owner = Some(("StatefulSet", "web"));
     let mut old = Attachment::new("web-0");
     cluster.add_pod(&mut old, json!({}), owner);
@@ -383,11 +354,7 @@ fn a_statefulset_pod_recreated_on_another_node_keeps_its_address() {
     lab.eventually("node B sees web-0's claim", Duration::from_secs(10), || {
         node_b.pool_counts("plain").1 == 9
     });
-    assert!(
-        cluster
-            .server
-            .remove("v1", "pods", Some("default"), "web-0")
-    );
+    assert!(cluster.api.remove("v1", "pods", Some("default"), "web-0"));
     let mut new = Attachment::new("web-0");
     cluster.add_pod_on(NODE_B, &mut new, json!({}), owner);
     let conf_b = lab.bridge_conf_via(&node_b.socket(), &["plain"], &[]);
@@ -398,8 +365,7 @@ fn a_statefulset_pod_recreated_on_another_node_keeps_its_address() {
     lab.cni("bridge", "DEL", &old, &conf_a).expect_ok();
     let address = addr_of(&ip).to_string();
     let holders: Vec<Value> = cluster
-        .server
-        .objects("ipblocks")
+        .blocks()
         .into_iter()
         .filter_map(|b| b["spec"]["claims"].get(&address).cloned())
         .collect();
@@ -417,19 +383,15 @@ fn a_statefulset_pod_recreated_on_another_node_keeps_its_address() {
 #[test]
 fn gc_on_one_node_never_releases_another_nodes_claims_in_cluster_mode() {
     const NODE_B: &str = "node-e2e-b";
-    let cluster = Cluster::new(&two_pools());
-    cluster.server.insert(
-        "nodes",
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_B}}),
-    );
-    let Some(lab) = lab(
-        "gc_on_one_node_never_releases_another_nodes_claims_in_cluster_mode",
-        &cluster,
-        &[],
-    ) else {
+    let test = "gc_on_one_node_never_releases_another_nodes_claims_in_cluster_mode";
+    let Some(cluster) = Cluster::new(test, &two_pools()) else {
         return;
     };
-    let node_b = Agent::start_on_cluster(&cluster.kubeconfig, NODE_B, &[]);
+    cluster.api.node(NODE_B, json!({}), false);
+    let Some(lab) = lab(test, &cluster, &[]) else {
+        return;
+    };
+    let node_b = Agent::start_on_cluster(&cluster.agent_kubeconfig(NODE_B), NODE_B, &[]);
     let (mut on_a, mut gone) = (Attachment::new("on-a"), Attachment::new("gone"));
     let mut on_b = Attachment::new("on-b");
     cluster.add_pod(&mut on_a, json!({}), None);
@@ -450,8 +412,7 @@ fn gc_on_one_node_never_releases_another_nodes_claims_in_cluster_mode() {
             .expect_ok();
     }
     let held: Vec<String> = cluster
-        .server
-        .objects("ipblocks")
+        .blocks()
         .into_iter()
         .flat_map(|b| {
             b["spec"]["claims"]

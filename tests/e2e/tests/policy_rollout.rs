@@ -1,12 +1,14 @@
 //! Rolling out a policy: record what an agent decided and replay it (`allotctl policy record`,
 //! `test`, `diff`); ship a component through an OCI registry (`allotctl policy push|pull`) that
 //! the agent pulls by digest, standalone (`--policy oci://…`) and in cluster mode (a Policy
-//! whose source is `oci:`). The registry is Debian's docker-registry on a loopback port.
+//! whose source is `oci:`, on a real kube-apiserver). The registry is Debian's
+//! docker-registry on a loopback port.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use allot_e2e::kube::{ALLOT, KubeApi};
 use allot_e2e::registry::Registry;
 use allot_e2e::*;
 use serde_json::{Value, json};
@@ -347,7 +349,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// pointed at a component the registry serves altered, it is refused and the served one stays.
 #[test]
 fn a_policy_object_with_an_oci_source_is_pulled_and_an_altered_one_refused() {
-    use allot_test_apiserver::ApiServer;
     let registry = Registry::start();
     let zone = wasm("zone_aware.wasm");
     let default = default_wasm();
@@ -364,31 +365,24 @@ fn a_policy_object_with_an_oci_source_is_pulled_and_an_altered_one_refused() {
                 .to_string(),
         );
     }
-    let api = ApiServer::on_loopback();
-    let (server, kubeconfig) = (&api.server, &api.kubeconfig);
-    server.insert(
-        "namespaces",
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}),
-    );
-    server.insert(
-        "nodes",
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-oci"}}),
-    );
-    server.insert(
+    let Some(api) =
+        KubeApi::start("a_policy_object_with_an_oci_source_is_pulled_and_an_altered_one_refused")
+    else {
+        return;
+    };
+    api.node("node-oci", json!({}), false);
+    api.create(
         "ippools",
         json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool", "metadata": {"name": "p"},
                "spec": {"subnet": "10.62.0.0/24", "ips": ["10.62.0.10-10.62.0.20"], "default": true}}),
     );
-    let _agent = Agent::start_on_cluster(kubeconfig, "node-oci", &[]);
+    let _agent = Agent::start_on_cluster(api.admin_kubeconfig(), "node-oci", &[]);
     let policy = |oci: &str| {
         json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "default"},
                "spec": {"source": {"oci": oci}, "onFailure": "fail"}})
     };
     let status = || {
-        server
-            .objects("policies")
-            .into_iter()
-            .find(|o| o["metadata"]["name"] == "default")
+        api.object(ALLOT, "policies", None, "default")
             .map(|p| p["status"].clone())
             .unwrap_or_default()
     };
@@ -407,7 +401,7 @@ fn a_policy_object_with_an_oci_source_is_pulled_and_an_altered_one_refused() {
         }
     };
     let zone_digest = format!("sha256:{}", sha256_hex(&std::fs::read(&zone).unwrap()));
-    server.insert("policies", policy(&pinned[0]));
+    api.create("policies", policy(&pinned[0]));
     eventually("the pulled component serves", &|s| {
         s["servingDigest"] == zone_digest.as_str()
     });
@@ -418,13 +412,9 @@ fn a_policy_object_with_an_oci_source_is_pulled_and_an_altered_one_refused() {
     let mut altered = std::fs::read(&blob).unwrap();
     altered[100] ^= 0xff;
     std::fs::write(&blob, &altered).unwrap();
-    let mut edited = server
-        .objects("policies")
-        .into_iter()
-        .find(|o| o["metadata"]["name"] == "default")
-        .unwrap();
-    edited["spec"]["source"]["oci"] = json!(pinned[1]);
-    server.edit("policies", edited);
+    api.edit(ALLOT, "policies", None, "default", |p| {
+        p["spec"]["source"]["oci"] = json!(pinned[1])
+    });
     let s = eventually("the refusal", &|s| {
         s["refusedReason"]
             .as_str()

@@ -52,6 +52,14 @@ impl std::fmt::Display for Request {
 /// The requests in the audit log under `logs` whose user starts with `user_prefix` and whose
 /// response code is `code` (403 for RBAC's refusals).
 pub fn requests(logs: &Path, user_prefix: &str, code: u16) -> Result<Vec<Request>> {
+    Ok(read(logs)?
+        .into_iter()
+        .filter(|r| r.code == code && r.user.starts_with(user_prefix))
+        .collect())
+}
+
+/// Every request in the audit log under `logs`, in the order answered.
+pub fn read(logs: &Path) -> Result<Vec<Request>> {
     let path = log_path(logs);
     let file = match std::fs::File::open(&path) {
         Ok(f) => f,
@@ -65,11 +73,6 @@ pub fn requests(logs: &Path, user_prefix: &str, code: u16) -> Result<Vec<Request
             continue;
         };
         let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-        let user = text(&event["user"]["username"]);
-        let status = event["responseStatus"]["code"].as_u64().unwrap_or(0) as u16;
-        if status != code || !user.starts_with(user_prefix) {
-            continue;
-        }
         let object = &event["objectRef"];
         let mut resource = format!(
             "{}/{}",
@@ -80,12 +83,12 @@ pub fn requests(logs: &Path, user_prefix: &str, code: u16) -> Result<Vec<Request
             resource = format!("{resource}/{sub}");
         }
         out.push(Request {
-            user,
+            user: text(&event["user"]["username"]),
             verb: text(&event["verb"]),
             resource,
             namespace: text(&object["namespace"]),
             name: text(&object["name"]),
-            code: status,
+            code: event["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
             reason: text(&event["responseStatus"]["message"]),
         });
     }

@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,11 +13,11 @@ use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
 
-use crate::controlplane::{Component, KUBERNETES_SERVICE_IP, Layout, free_port};
+use crate::controlplane::{API_PORT, Component, KUBERNETES_SERVICE_IP, Layout};
 use crate::image::{self, ALLOT_IMAGE};
 use crate::lock::Lock;
 use crate::net::{self, HOST_IPV4, MAX_NODES};
-use crate::pki::{self, Pki};
+use crate::pki::{self, ControlPlaneCerts, Pki};
 use crate::process::Supervised;
 
 /// How to start a lab cluster.
@@ -215,40 +215,14 @@ pub(crate) async fn start(shared: &Shared) -> Result<()> {
     net::create_bridge()?;
 
     // Certificates and kubeconfigs.
-    let pki_dir = sub(&dir, "pki");
-    let pki = Pki::create(&pki_dir)?;
-    let mut names: Vec<String> = [
-        HOST_IPV4.to_string(),
-        "127.0.0.1".into(),
-        "::1".into(),
-        KUBERNETES_SERVICE_IP.to_string(),
-    ]
-    .into();
-    for n in [
-        "kubernetes",
-        "kubernetes.default",
-        "kubernetes.default.svc",
-        "kubernetes.default.svc.cluster.local",
-        "localhost",
-    ] {
-        names.push(n.into());
-    }
-    let serving = pki.serving("apiserver", "kube-apiserver", &names)?;
-    let server = Layout::server_url();
-    let kubeconfigs = sub(&dir, "kubeconfigs");
-    let admin = pki.client("admin", "allot-lab-admin", &["system:masters"])?;
-    let admin_kc = kubeconfigs.join("admin.kubeconfig");
-    pki::write_kubeconfig(&admin_kc, &server, &pki.ca_cert, &admin, "allot-lab-admin")?;
-    let mut component_kc = Vec::new();
-    for user in ["system:kube-controller-manager", "system:kube-scheduler"] {
-        let short = user.trim_start_matches("system:");
-        let cert = pki.client(short, user, &[])?;
-        let path = kubeconfigs.join(format!("{short}.kubeconfig"));
-        pki::write_kubeconfig(&path, &server, &pki.ca_cert, &cert, user)?;
-        component_kc.push(path);
-    }
-    let (sa_private, sa_public) = pki.service_account_keys()?;
-    let front_proxy = pki.client("front-proxy-client", "front-proxy-client", &[])?;
+    let names = [HOST_IPV4.to_string(), KUBERNETES_SERVICE_IP.to_string()];
+    let server = format!("https://{}", SocketAddr::from((HOST_IPV4, API_PORT)));
+    let certs = ControlPlaneCerts::create(
+        &sub(&dir, "pki"),
+        &sub(&dir, "kubeconfigs"),
+        &server,
+        &names,
+    )?;
 
     let mut images = options.images.clone();
     if options.allot_image {
@@ -258,30 +232,16 @@ pub(crate) async fn start(shared: &Shared) -> Result<()> {
         images.push((ALLOT_IMAGE.to_string(), image_dir));
     }
 
-    let layout = Layout {
-        tools: options.tools.clone(),
-        logs: sub(&dir, "logs"),
-        etcd_data: sub(&dir, "etcd"),
-        etcd_client_port: free_port()?,
-        etcd_peer_port: free_port()?,
-        controller_manager_port: free_port()?,
-        scheduler_port: free_port()?,
-        ca_cert: pki.ca_cert.clone(),
-        ca_key: pki_dir.join("ca.key"),
-        apiserver_cert: serving.cert,
-        apiserver_key: serving.key,
-        sa_private,
-        sa_public,
-        front_proxy_cert: front_proxy.cert,
-        front_proxy_key: front_proxy.key,
-        controller_manager_kubeconfig: component_kc[0].clone(),
-        scheduler_kubeconfig: component_kc[1].clone(),
-        node_monitor_grace: options.node_monitor_grace,
-    };
-    std::fs::write(
-        crate::audit::policy_path(&layout.logs),
-        crate::audit::POLICY,
+    let layout = Layout::new(
+        &options.tools,
+        &dir,
+        &certs,
+        (HOST_IPV4.into(), API_PORT, HOST_IPV4.into()),
+        options.node_monitor_grace,
     )?;
+    layout.write_audit_policy()?;
+    let admin_kc = certs.admin_kubeconfig.clone();
+    let pki = certs.pki;
     {
         let mut st = lock(shared);
         st.info = ClusterInfo {
@@ -336,39 +296,12 @@ pub(crate) async fn start(shared: &Shared) -> Result<()> {
 
 /// Starts `component` and waits until it serves (etcd, API server) or runs.
 pub(crate) async fn start_component(shared: &Shared, component: Component) -> Result<()> {
-    let layout = lock(shared)
-        .layout
-        .clone()
-        .context("the cluster is not set up")?;
-    let mut proc = layout.process(component)?;
-    proc.start()?;
-    match component {
-        Component::Etcd => {
-            crate::controlplane::wait_etcd(&layout, &mut proc, Duration::from_secs(30)).await
-        }
-        Component::KubeApiserver => {
-            let kc = lock(shared).info.kubeconfig.clone();
-            let client = crate::kube_client(&kc).await?;
-            crate::controlplane::wait_apiserver(&client, &mut proc, Duration::from_secs(90)).await
-        }
-        Component::KubeControllerManager => {
-            crate::controlplane::wait_listening(
-                layout.controller_manager_port,
-                &mut proc,
-                Duration::from_secs(60),
-            )
-            .await
-        }
-        Component::KubeScheduler => {
-            crate::controlplane::wait_listening(
-                layout.scheduler_port,
-                &mut proc,
-                Duration::from_secs(60),
-            )
-            .await
-        }
-    }
-    .inspect_err(|_| proc.kill())?;
+    let (layout, admin) = {
+        let st = lock(shared);
+        let layout = st.layout.clone().context("the cluster is not set up")?;
+        (layout, st.info.kubeconfig.clone())
+    };
+    let proc = layout.start(component, &admin).await?;
     let mut st = lock(shared);
     st.control.retain(|(c, _)| *c != component);
     st.control.push((component, proc));

@@ -3,18 +3,18 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::net::HOST_IPV4;
 use crate::paths::tool;
-use crate::process::Supervised;
+use crate::pki::ControlPlaneCerts;
+use crate::process::{Spawner, Supervised};
 
-/// The API server's secure port on the bridge address.
+/// The lab's API server port on the bridge address.
 pub const API_PORT: u16 = 6443;
 /// The Service range (TEST-NET-3). No kube-proxy runs: ClusterIPs are allocated, not routed.
 pub const SERVICE_RANGE: &str = "203.0.113.0/24";
@@ -89,6 +89,16 @@ impl FromStr for Component {
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub tools: PathBuf,
+    /// Where the API server listens.
+    pub api_bind: IpAddr,
+    pub api_port: u16,
+    /// What the API server writes into the `default/kubernetes` Endpoints: never loopback,
+    /// which Endpoints refuse.
+    pub advertise_address: IpAddr,
+    /// The admission plugins that call webhooks (on by default, as upstream's).
+    pub admission_webhooks: bool,
+    /// Where the components are forked from (the calling thread when `None`).
+    pub spawner: Option<Spawner>,
     pub logs: PathBuf,
     pub etcd_data: PathBuf,
     pub etcd_client_port: u16,
@@ -106,6 +116,53 @@ pub struct Layout {
     pub controller_manager_kubeconfig: PathBuf,
     pub scheduler_kubeconfig: PathBuf,
     pub node_monitor_grace: Duration,
+}
+
+impl Layout {
+    /// The layout of a control plane whose files live under `dir` (`logs/`, `etcd/`), with
+    /// certificates `certs` and free ports for everything but the API server's.
+    pub fn new(
+        tools: &Path,
+        dir: &Path,
+        certs: &ControlPlaneCerts,
+        (api_bind, api_port, advertise_address): (IpAddr, u16, IpAddr),
+        node_monitor_grace: Duration,
+    ) -> Result<Layout> {
+        Ok(Layout {
+            tools: tools.to_path_buf(),
+            api_bind,
+            api_port,
+            advertise_address,
+            admission_webhooks: true,
+            spawner: None,
+            logs: dir.join("logs"),
+            etcd_data: dir.join("etcd"),
+            etcd_client_port: free_port()?,
+            etcd_peer_port: free_port()?,
+            controller_manager_port: free_port()?,
+            scheduler_port: free_port()?,
+            ca_cert: certs.pki.ca_cert.clone(),
+            ca_key: certs.ca_key.clone(),
+            apiserver_cert: certs.serving.cert.clone(),
+            apiserver_key: certs.serving.key.clone(),
+            sa_private: certs.sa_private.clone(),
+            sa_public: certs.sa_public.clone(),
+            front_proxy_cert: certs.front_proxy.cert.clone(),
+            front_proxy_key: certs.front_proxy.key.clone(),
+            controller_manager_kubeconfig: certs.controller_manager_kubeconfig.clone(),
+            scheduler_kubeconfig: certs.scheduler_kubeconfig.clone(),
+            node_monitor_grace,
+        })
+    }
+
+    /// Writes the audit policy the API server's flags name (into `logs`, created).
+    pub fn write_audit_policy(&self) -> Result<()> {
+        std::fs::create_dir_all(&self.logs)
+            .with_context(|| format!("creating {}", self.logs.display()))?;
+        let path = crate::audit::policy_path(&self.logs);
+        std::fs::write(&path, crate::audit::POLICY)
+            .with_context(|| format!("writing {}", path.display()))
+    }
 }
 
 /// A free TCP port on 127.0.0.1 for a component to listen on. Chosen below the kernel's
@@ -176,8 +233,9 @@ impl Layout {
         format!("http://127.0.0.1:{}", self.etcd_client_port)
     }
 
-    pub fn server_url() -> String {
-        format!("https://{HOST_IPV4}:{API_PORT}")
+    /// The API server's URL.
+    pub fn server_url(&self) -> String {
+        format!("https://{}", SocketAddr::new(self.api_bind, self.api_port))
     }
 
     /// The process of `component`, not started.
@@ -206,10 +264,10 @@ impl Layout {
             }
             Component::KubeApiserver => vec![
                 format!("--etcd-servers={}", self.etcd_url()),
-                format!("--bind-address={HOST_IPV4}"),
-                format!("--secure-port={API_PORT}"),
+                format!("--bind-address={}", self.api_bind),
+                format!("--secure-port={}", self.api_port),
                 // Written into the default/kubernetes Endpoints: must not be loopback.
-                format!("--advertise-address={HOST_IPV4}"),
+                format!("--advertise-address={}", self.advertise_address),
                 format!("--tls-cert-file={}", p(&self.apiserver_cert)),
                 format!("--tls-private-key-file={}", p(&self.apiserver_key)),
                 format!("--client-ca-file={}", p(&self.ca_cert)),
@@ -247,7 +305,14 @@ impl Layout {
                 ),
                 "--audit-log-maxsize=200".to_string(),
                 "--audit-log-maxbackup=1".to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain((!self.admission_webhooks).then(|| {
+                "--disable-admission-plugins=MutatingAdmissionWebhook,\
+                 ValidatingAdmissionWebhook"
+                    .to_string()
+            }))
+            .collect(),
             Component::KubeControllerManager => {
                 let kc = p(&self.controller_manager_kubeconfig);
                 vec![
@@ -285,12 +350,34 @@ impl Layout {
                 ]
             }
         };
-        Ok(Supervised::new(
-            component.name(),
-            &program,
-            args(&flags),
-            log,
-        ))
+        let process = Supervised::new(component.name(), &program, args(&flags), log);
+        Ok(match &self.spawner {
+            Some(spawner) => process.spawned_by(spawner),
+            None => process,
+        })
+    }
+
+    /// Starts `component` and waits until it serves (etcd, the API server, with the admin
+    /// kubeconfig `admin`) or listens (the others). A component that does not is killed.
+    pub async fn start(&self, component: Component, admin: &Path) -> Result<Supervised> {
+        let mut proc = self.process(component)?;
+        proc.start()?;
+        match component {
+            Component::Etcd => wait_etcd(self, &mut proc, Duration::from_secs(30)).await,
+            Component::KubeApiserver => {
+                let client = crate::kube_client(admin).await?;
+                wait_apiserver(&client, &mut proc, Duration::from_secs(90)).await
+            }
+            Component::KubeControllerManager => {
+                let port = self.controller_manager_port;
+                wait_listening(port, &mut proc, Duration::from_secs(60)).await
+            }
+            Component::KubeScheduler => {
+                wait_listening(self.scheduler_port, &mut proc, Duration::from_secs(60)).await
+            }
+        }
+        .inspect_err(|_| proc.kill())?;
+        Ok(proc)
     }
 }
 

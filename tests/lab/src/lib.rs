@@ -4,7 +4,9 @@
 //! real container processes. See `README.md` for what is real and what is stood in.
 //!
 //! A test starts its own cluster with [`LabCluster::start`] (torn down on drop), or attaches
-//! to one started by `allot-lab-cluster up` with [`LabCluster::from_env`].
+//! to one started by `allot-lab-cluster up` with [`LabCluster::from_env`]. A test that needs
+//! only the API server starts a [`LoopbackControlPlane`]: etcd and kube-apiserver on
+//! 127.0.0.1, one per test, with no lock, no namespaces and no root.
 
 pub mod audit;
 pub mod cluster;
@@ -13,6 +15,7 @@ pub mod controlplane;
 pub mod http;
 pub mod image;
 pub mod lock;
+pub mod loopback;
 pub mod net;
 pub mod node;
 pub mod paths;
@@ -30,6 +33,7 @@ use k8s_openapi::api::core::v1::Node;
 pub use cluster::{ClusterInfo, ClusterOptions, NodeInfo, ProcessInfo};
 pub use control::Command;
 pub use controlplane::Component;
+pub use loopback::{LoopbackControlPlane, LoopbackOptions};
 
 /// The environment variable naming a running lab's `cluster.json`.
 pub const CLUSTER_ENV: &str = "ALLOT_LAB_CLUSTER";

@@ -114,6 +114,97 @@ impl Pki {
     }
 }
 
+/// The user of the admin kubeconfig, in `system:masters`.
+pub const ADMIN_USER: &str = "allot-lab-admin";
+
+/// Everything a control plane authenticates with: the CA, the API server's serving
+/// certificate, the service-account key pair, the front proxy's client certificate, and
+/// kubeconfigs for the admin and for the controller-manager and scheduler (as the users
+/// upstream's bootstrap RBAC names).
+pub struct ControlPlaneCerts {
+    pub pki: Pki,
+    pub ca_key: PathBuf,
+    pub serving: CertFiles,
+    pub sa_private: PathBuf,
+    pub sa_public: PathBuf,
+    pub front_proxy: CertFiles,
+    pub admin_kubeconfig: PathBuf,
+    pub controller_manager_kubeconfig: PathBuf,
+    pub scheduler_kubeconfig: PathBuf,
+    clients: [(CertFiles, &'static str); 3],
+}
+
+impl ControlPlaneCerts {
+    /// Makes them in `pki_dir` and `kubeconfigs` (created), for an API server at `server`
+    /// whose certificate names `names` besides the `kubernetes` Service's DNS names,
+    /// `localhost`, `127.0.0.1` and `::1`.
+    pub fn create(
+        pki_dir: &Path,
+        kubeconfigs: &Path,
+        server: &str,
+        names: &[String],
+    ) -> Result<ControlPlaneCerts> {
+        fs::create_dir_all(kubeconfigs)
+            .with_context(|| format!("creating {}", kubeconfigs.display()))?;
+        let pki = Pki::create(pki_dir)?;
+        let mut all: Vec<String> = names.to_vec();
+        for n in [
+            "127.0.0.1",
+            "::1",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+            "localhost",
+        ] {
+            if !all.iter().any(|a| a == n) {
+                all.push(n.into());
+            }
+        }
+        let serving = pki.serving("apiserver", "kube-apiserver", &all)?;
+        const CM: &str = "system:kube-controller-manager";
+        const SCHEDULER: &str = "system:kube-scheduler";
+        let clients = [
+            (
+                pki.client("admin", ADMIN_USER, &["system:masters"])?,
+                ADMIN_USER,
+            ),
+            (pki.client("kube-controller-manager", CM, &[])?, CM),
+            (pki.client("kube-scheduler", SCHEDULER, &[])?, SCHEDULER),
+        ];
+        let (sa_private, sa_public) = pki.service_account_keys()?;
+        let front_proxy = pki.client("front-proxy-client", "front-proxy-client", &[])?;
+        let certs = ControlPlaneCerts {
+            ca_key: pki_dir.join("ca.key"),
+            pki,
+            serving,
+            sa_private,
+            sa_public,
+            front_proxy,
+            admin_kubeconfig: kubeconfigs.join("admin.kubeconfig"),
+            controller_manager_kubeconfig: kubeconfigs.join("kube-controller-manager.kubeconfig"),
+            scheduler_kubeconfig: kubeconfigs.join("kube-scheduler.kubeconfig"),
+            clients,
+        };
+        certs.write_kubeconfigs(server)?;
+        Ok(certs)
+    }
+
+    /// (Re)writes the admin's, controller-manager's and scheduler's kubeconfigs for an API
+    /// server at `server`.
+    pub fn write_kubeconfigs(&self, server: &str) -> Result<()> {
+        let paths = [
+            &self.admin_kubeconfig,
+            &self.controller_manager_kubeconfig,
+            &self.scheduler_kubeconfig,
+        ];
+        for (path, (cert, user)) in paths.into_iter().zip(&self.clients) {
+            write_kubeconfig(path, server, &self.pki.ca_cert, cert, user)?;
+        }
+        Ok(())
+    }
+}
+
 fn dn(common_name: &str, organizations: &[&str]) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common_name);

@@ -6,6 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -19,6 +20,7 @@ pub struct Supervised {
     env: Vec<(String, String)>,
     pub log: PathBuf,
     child: Option<Child>,
+    spawner: Option<Spawner>,
 }
 
 impl Supervised {
@@ -30,7 +32,15 @@ impl Supervised {
             env: Vec::new(),
             log,
             child: None,
+            spawner: None,
         }
+    }
+
+    /// Starts the process from `spawner`'s thread instead of the calling one (see
+    /// [`Spawner`]).
+    pub fn spawned_by(mut self, spawner: &Spawner) -> Supervised {
+        self.spawner = Some(spawner.clone());
+        self
     }
 
     pub fn env(mut self, key: &str, value: &str) -> Supervised {
@@ -78,9 +88,11 @@ impl Supervised {
                 Ok(())
             });
         }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}: {}", self.name, self.program.display()))?;
+        let child = match &self.spawner {
+            Some(spawner) => spawner.spawn(cmd),
+            None => cmd.spawn(),
+        }
+        .with_context(|| format!("starting {}: {}", self.name, self.program.display()))?;
         let pid = child.id();
         self.child = Some(child);
         Ok(pid)
@@ -155,6 +167,53 @@ impl Supervised {
     /// The last `lines` lines of the log, for error messages.
     pub fn log_tail(&self, lines: usize) -> String {
         log_tail(&self.log, lines)
+    }
+}
+
+/// A thread that lives as long as its owner and forks the processes it is handed.
+///
+/// A child's PR_SET_PDEATHSIG fires when the *thread* that forked it exits, not the process.
+/// A test that starts processes from a runtime's worker thread, or from the thread of one
+/// test among several in a process, would see them killed when that thread ends; forking from
+/// this thread ties them to the owner's lifetime, and still kills them with the process.
+#[derive(Clone, Debug)]
+pub struct Spawner {
+    jobs: Arc<Mutex<mpsc::Sender<SpawnJob>>>,
+}
+
+type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+impl Spawner {
+    /// A new thread named `name`; it ends when the last clone is dropped.
+    pub fn new(name: &str) -> Result<Spawner> {
+        let (jobs, rx) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .context("starting the spawner thread")?;
+        Ok(Spawner {
+            jobs: Arc::new(Mutex::new(jobs)),
+        })
+    }
+
+    /// Forks `cmd` from the spawner's thread.
+    pub fn spawn(&self, cmd: Command) -> std::io::Result<Child> {
+        let (reply, answer) = mpsc::channel();
+        let sent = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send((cmd, reply));
+        if sent.is_err() {
+            return Err(std::io::Error::other("the spawner thread has ended"));
+        }
+        answer
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the spawner thread has ended")))
     }
 }
 

@@ -79,8 +79,10 @@ pub fn statefulset_json(ns: &str, name: &str, replicas: i32) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"namespace": ns, "name": name},
-        "spec": {"replicas": replicas, "serviceName": name, "selector": {},
-                 "template": {"spec": {"containers": []}}}
+        "spec": {"replicas": replicas, "serviceName": name,
+                 "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "c", "image": "i"}]}}}
     })
 }
 
@@ -135,6 +137,40 @@ pub fn listed(
     IndexResource::<ReservedObject>::reset(&mut i, Vec::new());
     i.take_pending();
     Shared::of(i)
+}
+
+/// A real kube-apiserver (upstream etcd and kube-apiserver on 127.0.0.1) with allot's CRDs
+/// Established; None when the lab's tests are skipped here (`ALLOT_LAB_SKIP`).
+pub fn real_api(test: &str) -> Option<allot_lab::LoopbackControlPlane> {
+    let plane = allot_lab::LoopbackControlPlane::for_test(test, Default::default())?;
+    plane
+        .apply_crds(&allot_k8s::crds())
+        .expect("allot's CRDs applied");
+    Some(plane)
+}
+
+/// A client of `plane` as user `user` (in `system:masters`), on the caller's runtime: the
+/// audit log tells its requests apart ([`requests`]).
+pub async fn client_as(plane: &allot_lab::LoopbackControlPlane, user: &str) -> kube::Client {
+    let kubeconfig = plane
+        .user_kubeconfig(user, &["system:masters"])
+        .expect("a kubeconfig");
+    allot_lab::kube_client(&kubeconfig).await.expect("a client")
+}
+
+/// How many requests of `verb` on `resource` (`group/plural`) user `user` made.
+pub fn requests(
+    plane: &allot_lab::LoopbackControlPlane,
+    user: &str,
+    verb: &str,
+    resource: &str,
+) -> usize {
+    plane
+        .requests_of(user)
+        .expect("the audit log")
+        .iter()
+        .filter(|r| r.verb == verb && r.resource == resource)
+        .count()
 }
 
 /// Stores `object` in the server and returns it typed as stored (with the UID it was given).
