@@ -1,6 +1,8 @@
-//! Allocation against an API server (allot-test-apiserver): the record first, then the
-//! IPAMAllocation and the ConfigMap; allocators racing; lost compare-and-swaps; deprecated
-//! pools; a grown range; a lowered prefix length; release and sync.
+//! Allocation against a real kube-apiserver (upstream etcd and kube-apiserver on 127.0.0.1,
+//! with allot's CRDs): the record first, then the IPAMAllocation and the ConfigMap;
+//! deprecated pools; a grown range; release and sync. Allocators racing, lost
+//! compare-and-swaps, a failed write and a lowered prefix length run on the in-memory API
+//! server (allot-test-apiserver), each saying which fault it needs.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
@@ -10,6 +12,7 @@ use allot_controller::fleet::{
 };
 use allot_core::fleet::{Allocation, FleetError};
 use allot_k8s::{AllocationState, IPAMAllocation, IPAMPool};
+use allot_lab::LoopbackControlPlane;
 use allot_test_apiserver::ApiServer;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
@@ -23,6 +26,62 @@ fn pool_object(name: &str, datacenters: Value) -> Value {
         "metadata": {"name": name},
         "spec": {"datacenters": datacenters},
     })
+}
+
+/// A real API server with allot's CRDs, the clusters' namespaces created as needed.
+struct Server {
+    plane: LoopbackControlPlane,
+}
+
+/// The user the allocator's requests are made as.
+const USER: &str = "allot-fleet";
+
+impl Server {
+    /// One for test `test` with namespaces `namespaces` (the clusters'); None when the lab's
+    /// tests are skipped here (`ALLOT_LAB_SKIP`).
+    fn start(test: &str, namespaces: &[&str]) -> Option<Server> {
+        let plane = LoopbackControlPlane::for_test(test, Default::default())?;
+        plane.apply_crds(&allot_k8s::crds()).unwrap();
+        for ns in namespaces {
+            plane.create_namespace(ns, json!({})).unwrap();
+        }
+        Some(Server { plane })
+    }
+
+    /// Creates `object` of `plural` as an administrator would, then its status when it has one
+    /// (a record written before).
+    fn insert(&self, plural: &str, object: Value) -> Value {
+        let stored = self.plane.create(plural, object.clone()).unwrap();
+        match object.get("status") {
+            Some(status) => {
+                let mut stored = stored;
+                stored["status"] = status.clone();
+                self.plane.replace_status(plural, stored).unwrap()
+            }
+            None => stored,
+        }
+    }
+
+    /// A client as [`USER`], on the caller's runtime.
+    async fn client(&self) -> Client {
+        let kubeconfig = self
+            .plane
+            .user_kubeconfig(USER, &["system:masters"])
+            .unwrap();
+        allot_lab::kube_client(&kubeconfig).await.unwrap()
+    }
+
+    /// [`USER`]'s requests of `verb` on `plural`, the objects and their status.
+    fn requests(&self, verb: &str, plural: &str) -> u64 {
+        let resource = format!("allot.dev/{plural}");
+        let status = format!("{resource}/status");
+        self.plane
+            .requests_of(USER)
+            .unwrap()
+            .iter()
+            .filter(|r| r.verb == verb && (r.resource == resource || r.resource == status))
+            .count() as u64
+    }
 }
 
 fn cluster(namespace: &str, dc: &str) -> FleetCluster {
@@ -71,7 +130,12 @@ fn refusal(e: FleetApiError) -> Refusal {
 
 #[tokio::test]
 async fn the_record_is_written_first_then_the_allocation_and_the_configmap() {
-    let server = ApiServer::new();
+    let Some(server) = Server::start(
+        "the_record_is_written_first_then_the_allocation_and_the_configmap",
+        &["cluster-xyz"],
+    ) else {
+        return;
+    };
     server.insert(
         "ipampools",
         pool_object(
@@ -80,7 +144,7 @@ async fn the_record_is_written_first_then_the_allocation_and_the_configmap() {
                 "allocationRange": 10, "excludeRanges": ["192.168.1.1-192.168.1.20"]}}),
         ),
     );
-    let client = server.client();
+    let client = server.client().await;
     let a = allocate(&client, "metallb", &cluster("cluster-xyz", "hamburg"))
         .await
         .unwrap();
@@ -108,6 +172,9 @@ async fn the_record_is_written_first_then_the_allocation_and_the_configmap() {
     assert_eq!(server.requests("update", "ipampools"), writes);
 }
 
+/// Fault: every record write slowed down (`delay`), so that allocators read the version
+/// another is replacing and lose compare-and-swaps, which the test asserts happened; a real
+/// API server answers as fast as it can and may never let them interleave so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_allocators_never_hand_out_overlapping_ranges() {
     const CLUSTERS: usize = 60;
@@ -196,6 +263,8 @@ async fn racing_allocators_never_hand_out_overlapping_ranges() {
     assert_eq!(record.record_version, CLUSTERS as u64);
 }
 
+/// Fault: record writes answered 409 Conflict (`fail`), three times and then every time; a
+/// real API server answers 409 only when another writer came first.
 #[tokio::test]
 async fn a_lost_compare_and_swap_reads_the_pool_again() {
     let server = ApiServer::new();
@@ -243,7 +312,12 @@ async fn a_lost_compare_and_swap_reads_the_pool_again() {
 
 #[tokio::test]
 async fn a_deprecated_pool_keeps_its_clusters_and_serves_no_new_one() {
-    let server = ApiServer::new();
+    let Some(server) = Server::start(
+        "a_deprecated_pool_keeps_its_clusters_and_serves_no_new_one",
+        &["cluster-a", "cluster-b"],
+    ) else {
+        return;
+    };
     server.insert(
         "ipampools",
         pool_object(
@@ -251,7 +325,7 @@ async fn a_deprecated_pool_keeps_its_clusters_and_serves_no_new_one() {
             json!({"dc1": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4}}),
         ),
     );
-    let client = server.client();
+    let client = server.client().await;
     let a = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
         .await
         .unwrap();
@@ -291,7 +365,12 @@ async fn a_deprecated_pool_keeps_its_clusters_and_serves_no_new_one() {
 
 #[tokio::test]
 async fn a_larger_allocation_range_grows_clusters_by_disjoint_runs() {
-    let server = ApiServer::new();
+    let Some(server) = Server::start(
+        "a_larger_allocation_range_grows_clusters_by_disjoint_runs",
+        &["cluster-a", "cluster-b"],
+    ) else {
+        return;
+    };
     server.insert(
         "ipampools",
         pool_object(
@@ -299,7 +378,7 @@ async fn a_larger_allocation_range_grows_clusters_by_disjoint_runs() {
             json!({"dc1": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4}}),
         ),
     );
-    let client = server.client();
+    let client = server.client().await;
     for ns in ["cluster-a", "cluster-b"] {
         allocate(&client, "lb", &cluster(ns, "dc1")).await.unwrap();
     }
@@ -323,6 +402,9 @@ async fn a_larger_allocation_range_grows_clusters_by_disjoint_runs() {
     assert_eq!(a.status.unwrap().record_version, Some(3));
 }
 
+/// Fault: an IPAMPool whose allocationPrefix was lowered is stored; on a real API server the
+/// CRD's CEL rule refuses that edit (as it should), so a pool stored so (before the rule, or
+/// written past it) exists only on the in-memory server, which does not validate.
 #[tokio::test]
 async fn a_shorter_allocation_prefix_is_refused_and_the_prefix_kept() {
     let server = ApiServer::new();
@@ -385,7 +467,12 @@ async fn a_shorter_allocation_prefix_is_refused_and_the_prefix_kept() {
 
 #[tokio::test]
 async fn release_frees_the_record_the_allocation_and_the_configmap_key() {
-    let server = ApiServer::new();
+    let Some(server) = Server::start(
+        "release_frees_the_record_the_allocation_and_the_configmap_key",
+        &["cluster-a", "cluster-b"],
+    ) else {
+        return;
+    };
     for name in ["lb", "nodes"] {
         server.insert(
             "ipampools",
@@ -395,7 +482,7 @@ async fn release_frees_the_record_the_allocation_and_the_configmap_key() {
             ),
         );
     }
-    let client = server.client();
+    let client = server.client().await;
     let c = cluster("cluster-a", "dc1");
     allocate(&client, "lb", &c).await.unwrap();
     allocate(&client, "nodes", &c).await.unwrap();
@@ -427,7 +514,21 @@ async fn release_frees_the_record_the_allocation_and_the_configmap_key() {
 
 #[tokio::test]
 async fn sync_releases_the_gone_adopts_the_migrated_and_serves_the_new() {
-    let server = ApiServer::new();
+    let Some(server) = Server::start(
+        "sync_releases_the_gone_adopts_the_migrated_and_serves_the_new",
+        &[
+            "cluster-new",
+            "cluster-legacy",
+            "cluster-b",
+            "cluster-orphan",
+            "cluster-r",
+            "cluster-elsewhere",
+            "cluster-gone",
+            "cluster-moved",
+        ],
+    ) else {
+        return;
+    };
     let mut p = pool_object(
         "lb",
         json!({"dc1": {"type": "range", "poolCidr": "10.0.0.0/28", "allocationRange": 4},
@@ -452,7 +553,7 @@ async fn sync_releases_the_gone_adopts_the_migrated_and_serves_the_new() {
                "metadata": {"name": "lb", "namespace": "cluster-orphan"},
                "spec": {"type": "range", "dc": "dc1", "addresses": ["10.0.0.9-10.0.0.12"]}}),
     );
-    let client = server.client();
+    let client = server.client().await;
     let mut request = cluster("cluster-r", "dc9");
     request.pools = Some(BTreeSet::from(["lb".to_string()]));
     let clusters = [
@@ -511,7 +612,12 @@ async fn sync_releases_the_gone_adopts_the_migrated_and_serves_the_new() {
 
 #[tokio::test]
 async fn a_pool_created_again_rewrites_what_its_predecessor_wrote() {
-    let server = ApiServer::new();
+    let Some(server) = Server::start(
+        "a_pool_created_again_rewrites_what_its_predecessor_wrote",
+        &["cluster-a", "cluster-b", "cluster-c"],
+    ) else {
+        return;
+    };
     let range = |n: u64| {
         pool_object(
             "lb",
@@ -519,7 +625,7 @@ async fn a_pool_created_again_rewrites_what_its_predecessor_wrote() {
         )
     };
     server.insert("ipampools", range(4));
-    let client = server.client();
+    let client = server.client().await;
     for ns in ["cluster-b", "cluster-c", "cluster-a"] {
         allocate(&client, "lb", &cluster(ns, "dc1")).await.unwrap();
     }
@@ -547,6 +653,8 @@ async fn a_pool_created_again_rewrites_what_its_predecessor_wrote() {
     assert_eq!(stored.status.unwrap().record_version, Some(1));
 }
 
+/// Fault: the IPAMAllocation's creation answered 500 once (`fail`), as if the allocator had
+/// died right after recording; a real API server cannot be told to fail one create.
 #[tokio::test]
 async fn an_allocation_recorded_but_not_written_is_written_on_the_next_call() {
     let server = ApiServer::new();
@@ -595,7 +703,12 @@ async fn an_allocation_recorded_but_not_written_is_written_on_the_next_call() {
 /// sync then adopts cluster-b as it is and grows it past everyone.
 #[tokio::test]
 async fn an_ipamallocation_the_pool_has_no_record_of_is_never_handed_out_again() {
-    let server = ApiServer::new();
+    let Some(server) = Server::start(
+        "an_ipamallocation_the_pool_has_no_record_of_is_never_handed_out_again",
+        &["cluster-a", "cluster-b", "cluster-c"],
+    ) else {
+        return;
+    };
     server.insert(
         "ipampools",
         pool_object(
@@ -603,7 +716,7 @@ async fn an_ipamallocation_the_pool_has_no_record_of_is_never_handed_out_again()
             json!({"dc1": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4}}),
         ),
     );
-    let client = server.client();
+    let client = server.client().await;
     let a = allocate(&client, "lb", &cluster("cluster-a", "dc1"))
         .await
         .unwrap();
@@ -656,7 +769,12 @@ async fn an_ipamallocation_the_pool_has_no_record_of_is_never_handed_out_again()
 /// with the pool's first prefix.
 #[tokio::test]
 async fn a_prefix_pool_serves_its_first_and_last_prefix() {
-    let server = ApiServer::new();
+    let Some(server) = Server::start(
+        "a_prefix_pool_serves_its_first_and_last_prefix",
+        &["cluster-migrated", "cluster-new"],
+    ) else {
+        return;
+    };
     server.insert(
         "ipampools",
         pool_object(
@@ -670,7 +788,7 @@ async fn a_prefix_pool_serves_its_first_and_last_prefix() {
                "metadata": {"name": "nodes", "namespace": "cluster-migrated"},
                "spec": {"type": "prefix", "dc": "dc1", "cidr": "10.0.0.0/24"}}),
     );
-    let client = server.client();
+    let client = server.client().await;
     let clusters = ["cluster-migrated", "cluster-new"].map(|ns| cluster(ns, "dc1"));
     let report = sync(&client, "nodes", &clusters).await.unwrap();
     let got: BTreeMap<&str, Option<String>> = report
