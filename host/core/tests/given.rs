@@ -261,3 +261,78 @@ fn a_given_address_is_honoured_only_in_a_serving_pool() {
     assert!(err.to_string().contains("disabled"), "{err}");
     assert!(engine.store().all().unwrap().is_empty());
 }
+
+/// A database StatefulSet declares three addresses (`ipam.allot.dev/ordinal-ips`); the
+/// controller keeps them in a ReservedIP labelled for it. Scaled 3 → 1 → 3, it gets its same
+/// three addresses, and nobody else gets them meanwhile.
+#[test]
+fn a_statefulset_scaled_3_1_3_gets_its_same_three_addresses_and_nobody_else_meanwhile() {
+    use allot_core::declared::For;
+    let db = For::statefulset("ns", "db");
+    let mut meta = ObjectMeta {
+        name: db.reservation_name(allot_core::IpFamily::V4),
+        ..Default::default()
+    };
+    meta.labels = db.labels();
+    let reservation = Reserved::from_spec(
+        meta,
+        ReservedIpSpec {
+            ip_version: Some(4),
+            ips: vec!["10.0.0.20-10.0.0.22".into()],
+        },
+    )
+    .unwrap();
+    let engine = engine(pools());
+    engine.load(pools(), vec![], vec![reservation]).unwrap();
+    let declared = ["10.0.0.20", "10.0.0.21", "10.0.0.22"];
+    let pod = |ordinal: usize, container: &str| {
+        let mut r = stateful_req(container, &format!("db-{ordinal}"), "db", &["legacy"]);
+        r.pod
+            .annotations
+            .insert("given-ipv4".into(), declared[ordinal].into());
+        r
+    };
+    for (n, want) in declared.iter().enumerate() {
+        let out = engine.add(&pod(n, &format!("a{n}"))).unwrap();
+        assert_eq!(out.allocations[0].address, ip(want));
+    }
+    // Scaled to 1: pods 1 and 2 are deleted for good (their ordinals are past the replicas).
+    for n in [1, 2] {
+        let mut del = allot_core::engine::DelRequest::new(att(&format!("a{n}"), "eth0"));
+        del.owner_replicas = Some(1);
+        engine.del_request(&del).unwrap();
+    }
+    assert_eq!(engine.store().all().unwrap().len(), 1, "released, not kept");
+    // Meanwhile nobody else gets them: not by asking, not by chance.
+    let (kind, message) = refused(
+        engine
+            .add(&given("x", &["legacy"], "10.0.0.21"))
+            .unwrap_err(),
+    );
+    assert_eq!(kind, PolicyErrorKind::InvalidInput);
+    assert!(
+        message.contains("reserved by ReservedIP statefulset.ns.db.ipv4"),
+        "{message}"
+    );
+    for n in 0..40 {
+        let out = engine
+            .add(&add_req(&format!("y{n}"), "eth0", &["legacy"], &[]))
+            .unwrap();
+        assert!(
+            !declared.contains(&out.allocations[0].address.to_string().as_str()),
+            "{:?}",
+            out.allocations
+        );
+    }
+    // Another StatefulSet's pod asking for one is refused too.
+    let mut web = stateful_req("w0", "web-0", "web", &["legacy"]);
+    web.pod
+        .annotations
+        .insert("given-ipv4".into(), "10.0.0.22".into());
+    assert!(engine.add(&web).is_err());
+    // Scaled back to 3: the same three addresses.
+    for n in [1, 2] {
+        let out = engine.add(&pod(n, &format!("b{n}"))).unwrap();
+        assert_eq!(out.allocations[0].address, ip(declared[n]));
+    }
+}

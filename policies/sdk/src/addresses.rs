@@ -48,13 +48,30 @@ struct Given {
 /// One interface's declared list (`ordinal-ips`, or an entry of its list form).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Declared {
+pub struct Declared {
+    /// The interface the list serves (eth0 when omitted).
     #[serde(default)]
-    interface: Option<String>,
+    pub interface: Option<String>,
+    /// Addresses and `first-last` ranges; ordinal N gets the Nth address.
     #[serde(default)]
-    ipv4: Vec<String>,
+    pub ipv4: Vec<String>,
     #[serde(default)]
-    ipv6: Vec<String>,
+    pub ipv6: Vec<String>,
+}
+
+/// The declared lists of a StatefulSet's pod template (`ordinal-ips`), every entry checked, or
+/// `None` when it declares none: what the controller reserves and the webhook checks.
+pub fn declared(annotations: &[Label]) -> Result<Option<Vec<Declared>>, DecisionError> {
+    let Some(found) = annotation(annotations, ORDINAL_IPS) else {
+        return Ok(None);
+    };
+    let lists = declared_lists(found)?;
+    for list in &lists {
+        for (family, entries) in [(IpFamily::Ipv4, &list.ipv4), (IpFamily::Ipv6, &list.ipv6)] {
+            nth(found.key, entries, 0, family)?;
+        }
+    }
+    Ok(Some(lists))
 }
 
 fn annotation<'a>(annotations: &'a [Label], key: &str) -> Option<Found<'a>> {

@@ -104,6 +104,24 @@ impl State {
             )));
         }
         if !self.pools[entry].assignable.contains(address) {
+            // Reserved for this pod's own StatefulSet (its declared list): its to take; whether
+            // someone holds it now, the store's create-if-absent says.
+            let owner = request
+                .pod
+                .owner
+                .as_ref()
+                .map(|o| (o.kind.as_str(), o.name.as_str()));
+            if crate::declared::reserved_for_pod(
+                &self.reserved,
+                address,
+                &request.pod.namespace,
+                owner,
+            ) {
+                if !self.in_flight.insert(address) {
+                    return Err(Refusal::Held);
+                }
+                return Ok(name);
+            }
             let by: Vec<&str> = self
                 .reserved
                 .iter()
