@@ -255,11 +255,17 @@ async fn a_database_statefulset_scaled_3_1_3_gets_its_same_three_addresses() {
         "kubectl",
         &["-n", &ns, "scale", "statefulset/db", "--replicas=1"],
     );
+    s.ready_pods(&ns, "app=db", 1).await;
     wait_for(
-        "db-1 and db-2 gone, their addresses released",
+        "db-1 and db-2 gone, their addresses no pod's",
         Duration::from_secs(120),
         || async {
-            let held: Vec<IpAddr> = claims_in(&s.client, &ns).await.keys().copied().collect();
+            let held: Vec<IpAddr> = claims_in(&s.client, &ns)
+                .await
+                .into_iter()
+                .filter(|(_, h)| h.attached)
+                .map(|(a, _)| a)
+                .collect();
             (held == [ip("198.51.100.121")]).then_some(()).ok_or(held)
         },
     )
@@ -337,10 +343,12 @@ spec:
             "delete",
             "deployment",
             "squatters",
-            "pod",
-            "asker",
             "--wait=true",
         ],
+    );
+    s.must(
+        "kubectl",
+        &["-n", &ns, "delete", "pod", "asker", "--wait=true"],
     );
     s.must(
         "kubectl",

@@ -66,23 +66,17 @@ impl State {
             .copied()
             .find(|&e| self.pools[e].pool.ips.contains(address));
         let Some(entry) = in_ips else {
-            // Not among the addresses of an allowed pool; in the subnet of one, say which.
             if let Some(&e) = allowed
                 .iter()
-                .find(|&&e| self.pools[e].pool.subnet.contains(&address))
+                .find(|&&e| self.pools[e].pool.gateway == Some(address))
             {
-                let pool = &self.pools[e].pool;
-                return Err(Refusal::Never(if pool.gateway == Some(address) {
-                    format!("it is the gateway of IPPool {}", pool.meta.name)
-                } else {
-                    format!(
-                        "it is in the subnet {} of IPPool {} but not among its ips",
-                        pool.subnet, pool.meta.name
-                    )
-                }));
+                let name = &self.pools[e].pool.meta.name;
+                return Err(Refusal::Never(format!(
+                    "it is the gateway of IPPool {name}"
+                )));
             }
             return Err(Refusal::Never(
-                self.outside(inventory, request, interface, fam, address),
+                self.outside(inventory, request, interface, fam, &allowed, address),
             ));
         };
         let pool = &self.pools[entry].pool;
@@ -150,13 +144,16 @@ impl State {
         Err(Refusal::Held)
     }
 
-    /// Why `address` is in none of the pools the policy allowed for `fam`.
+    /// Why `address` is in none of the pools the policy allowed for `fam` (`allowed`, by entry):
+    /// the pool it is in and why that one may not serve the pod, else which allowed pool's
+    /// subnet it is in.
     fn outside(
         &self,
         inventory: &Inventory,
         request: &Request,
         interface: &str,
         fam: &FamilyDecision,
+        allowed_entries: &[usize],
         address: IpAddr,
     ) -> String {
         let contains = |name: &str| {
@@ -207,10 +204,20 @@ impl State {
                  rule {}: {allowed})",
                 e.pool.meta.name, fam.source, fam.rule
             ),
-            None => format!(
-                "it is in no IPPool; the pools allowed for this pod are {allowed} ({} by rule {})",
-                fam.source, fam.rule
-            ),
+            None => match allowed_entries
+                .iter()
+                .find(|&&e| self.pools[e].pool.subnet.contains(&address))
+            {
+                Some(&e) => format!(
+                    "it is in the subnet {} of IPPool {} but not among its ips",
+                    self.pools[e].pool.subnet, self.pools[e].pool.meta.name
+                ),
+                None => format!(
+                    "it is in no IPPool; the pools allowed for this pod are {allowed} ({} by \
+                     rule {})",
+                    fam.source, fam.rule
+                ),
+            },
         }
     }
 }
