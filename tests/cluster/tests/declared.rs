@@ -148,6 +148,21 @@ spec:
     let held: BTreeSet<IpAddr> = claims_in(&s.client, &ns).await.keys().copied().collect();
     assert_eq!(held, given.iter().copied().collect());
 
+    // Two pods given one address: whichever asks first once it is free gets it (allot cannot
+    // tell which one the firewall rules mean), so the others go before billing's pod is
+    // replaced.
+    s.must(
+        "kubectl",
+        &[
+            "-n",
+            &ns,
+            "delete",
+            "pod",
+            "intruder",
+            "outsider",
+            "--wait=true",
+        ],
+    );
     // The pod is replaced: its successor gets the same addresses.
     s.must(
         "kubectl",
