@@ -206,6 +206,7 @@ fn family_decision(b: &mut Bytes, pools: usize) -> FamilyDecision {
         candidates,
         order,
         dropped,
+        address: None,
     }
 }
 

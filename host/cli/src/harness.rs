@@ -266,6 +266,11 @@ fn compare_family(
         let show = |c: &Option<String>| c.clone().unwrap_or_else(|| "none".into());
         check(format!("{at} chosen"), show(chosen), show(&actual));
     }
+    if let Some(address) = &e.address {
+        let actual = fd.address.as_ref().map(|a| a.address.clone());
+        let show = |c: &Option<String>| c.clone().unwrap_or_else(|| "none".into());
+        check(format!("{at} address"), show(address), show(&actual));
+    }
     if let Some(dropped) = &e.dropped {
         let show = |pairs: Vec<(String, String)>| {
             let mut pairs = pairs;
@@ -387,6 +392,13 @@ pub fn explain(inv: &Inventory, req: &Request, result: &Result<Decision, PolicyE
                     let _ = writeln!(s, "    chosen: none: no pool can serve this pod here");
                 }
             }
+            if let Some(a) = &f.address {
+                let _ = writeln!(
+                    s,
+                    "    address: {} ({}; the host takes it from a pool of the order or fails)",
+                    a.address, a.source
+                );
+            }
         }
     }
     s
@@ -437,6 +449,7 @@ expect:
             candidates: vec![0, 1],
             order: vec![0, 1],
             dropped: vec![],
+            address: None,
         };
         let decision = Decision {
             nics: vec![allot_core::policy::NicDecision {

@@ -194,6 +194,10 @@ pub struct FamilyExpect {
     pub chosen: Option<Option<String>>,
     #[serde(default)]
     pub dropped: Option<BTreeMap<String, String>>,
+    /// Absent: not checked; null: the policy names no address (the host picks); an address:
+    /// the one the policy names for this family (contract 0.3.0).
+    #[serde(default, deserialize_with = "present")]
+    pub address: Option<Option<String>>,
 }
 
 fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {

@@ -9,11 +9,16 @@
 //! after a pass that could not finish. A pass plans in core and writes here
 //! ([`reconcile`]).
 //!
+//! The same passes keep StatefulSets' declared addresses (`ipam.allot.dev/ordinal-ips`)
+//! reserved for them: one ReservedIP per StatefulSet and family ([`declared`]).
+//!
 //! RBAC: get, list, watch on deployments, statefulsets, replicasets, daemonsets (apps) and jobs,
 //! cronjobs (batch); get, list, watch, create, patch, delete on ippools.allot.dev; get, list,
-//! watch on subnets.allot.dev and reservedips.allot.dev; create, patch on events.k8s.io events;
-//! and what the claim store reads (list, watch on ipblocks.allot.dev).
+//! watch, create, patch, delete on reservedips.allot.dev; get, list, watch on
+//! subnets.allot.dev; create, patch on events.k8s.io events; and what the claim store reads
+//! (list, watch on ipblocks.allot.dev).
 
+mod declared;
 mod reconcile;
 mod wants;
 
@@ -34,6 +39,7 @@ use tokio::task::JoinSet;
 
 use crate::lease::Leadership;
 
+pub use declared::{DeclaredSnapshot, Keeper};
 pub use reconcile::{Outcome, Reconciler, Snapshot};
 pub use wants::wants;
 
@@ -81,12 +87,15 @@ impl AutoPools {
         let index = Shared::of(WorkloadIndex::new());
         let _watches = watch(&index, &self.client);
         let recorder = crate::events::Events::new(self.client.clone(), &self.instance);
-        let reconciler = Reconciler::new(
-            self.client.clone(),
-            recorder,
-            self.leadership.clone(),
-            self.store.clone(),
-        );
+        let reconciler = Passes {
+            pools: Reconciler::new(
+                self.client.clone(),
+                recorder,
+                self.leadership.clone(),
+                self.store.clone(),
+            ),
+            declared: Keeper::new(self.client.clone(), self.leadership.clone()),
+        };
         let resync = Duration::from_secs(self.args.resync_seconds);
         tokio::select! {
             _ = shutdown => {}
@@ -129,18 +138,28 @@ impl crate::passes::Watched for WorkloadIndex {
     }
 }
 
-impl crate::passes::Pass<WorkloadIndex> for Reconciler {
+/// A pass over the workload index: auto pools, then StatefulSets' declared addresses.
+pub struct Passes {
+    pub pools: Reconciler,
+    pub declared: Keeper,
+}
+
+impl crate::passes::Pass<WorkloadIndex> for Passes {
     /// Every pass is a full one.
     fn pass<'a>(
         &'a mut self,
         index: &'a Shared<WorkloadIndex>,
         _resync_due: bool,
     ) -> futures::future::BoxFuture<'a, crate::passes::Passed> {
-        let snapshot = Snapshot::of(&index.read());
+        let (snapshot, declared) = {
+            let index = index.read();
+            (Snapshot::of(&index), DeclaredSnapshot::of(&index))
+        };
         Box::pin(async move {
-            let outcome = Reconciler::pass(self, snapshot).await;
+            let outcome = Reconciler::pass(&mut self.pools, snapshot).await;
+            let declared_retry = self.declared.pass(declared).await;
             crate::passes::Passed {
-                retry: outcome.retry,
+                retry: outcome.retry || declared_retry,
                 resynced: true,
             }
         })
@@ -150,7 +169,7 @@ impl crate::passes::Pass<WorkloadIndex> for Reconciler {
 /// Reconciles while this replica leads (see [`crate::passes`]).
 pub async fn reconcile_loop(
     index: Arc<Shared<WorkloadIndex>>,
-    reconciler: Reconciler,
+    reconciler: Passes,
     leadership: Leadership,
     resync: Duration,
 ) {

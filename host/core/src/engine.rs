@@ -21,12 +21,13 @@
 //!   addresses expire after a keep time.
 
 mod ahead;
+mod given;
 mod inventory;
+mod pick;
 mod release;
 mod state;
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -36,7 +37,7 @@ use crate::addr::IpFamily;
 use crate::gc::Suspects;
 use crate::policy::{
     CniDefaults, Decision, DropReason, FamilyDecision, Inventory, NamespaceInfo, Nic, NodeInfo,
-    PodInfo, Policy, PolicyError, PolicyErrorKind, PoolRef, Request, describe_drop,
+    PodInfo, Policy, PolicyError, PolicyErrorKind, PoolRef, Request,
 };
 use crate::pool::{Pool, Reserved, Route, Subnet};
 use crate::store::{Attachment, Claim, Clock, PodRef, Reattach, Store, StoreError, system_clock};
@@ -569,6 +570,15 @@ impl<S: Store, P: Policy> Engine<S, P> {
                     lost += 1;
                     self.lost_races
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    // A given address someone else claimed first: trying it again is pointless.
+                    if let StoreError::Conflict(address) = e
+                        && let Some(hint) = fresh_families
+                            .iter()
+                            .filter_map(|f| f.address.as_ref())
+                            .find(|h| h.ip() == Some(address))
+                    {
+                        return Err(self.given_held(&nic.interface, hint, address));
+                    }
                     if lost >= CONFLICT_RETRIES {
                         return Err(AllocError::Contended(lost));
                     }
@@ -630,8 +640,12 @@ impl<S: Store, P: Policy> Engine<S, P> {
                 .chain(exhausted)
                 .map(|i| inventory.pools[i as usize].name.as_str())
                 .collect();
+            // An address the policy names is the one to take back, or none.
+            let given = fam.address.as_ref().and_then(|h| h.ip());
             if let Some(k) = kept.iter().find(|c| {
-                IpFamily::of(c.address) == fam.family && orderable.contains(c.pool.as_str())
+                IpFamily::of(c.address) == fam.family
+                    && orderable.contains(c.pool.as_str())
+                    && given.is_none_or(|g| g == c.address)
             }) {
                 out.push(Reattach {
                     address: k.address,
@@ -643,57 +657,6 @@ impl<S: Store, P: Policy> Engine<S, P> {
             }
         }
         Ok(out)
-    }
-
-    /// Takes one free address per family from the first pool of its order with room: an
-    /// address that is not cooling down if any pool of the order has one, else the one released
-    /// longest ago of the first pool that has any (counted in
-    /// [`PoolUsage::cooldown_cut_short`]). A cooldown prefers, it never refuses.
-    fn pick(
-        &self,
-        inventory: &Inventory,
-        request: &Request,
-        interface: &str,
-        families: &[&FamilyDecision],
-    ) -> Result<Vec<(IpAddr, String)>, AllocError> {
-        let mut state = self.state();
-        let mut picks: Vec<(IpAddr, String)> = Vec::with_capacity(families.len());
-        for fam in families {
-            // The inventory may have been replaced since the decision: go by name, and skip a
-            // pool that has since been disabled or marked for deletion.
-            let serving: Vec<(usize, &String)> = fam
-                .order
-                .iter()
-                .map(|&i| &inventory.pools[i as usize].name)
-                .filter_map(|name| {
-                    let &entry = state.by_name.get(name)?;
-                    let pool = &state.pools[entry].pool;
-                    let takes = !pool.spec.disable && !pool.terminating();
-                    (takes && pool.family == fam.family).then_some((entry, name))
-                })
-                .collect();
-            let mut got = serving
-                .iter()
-                .find_map(|&(entry, name)| Some((state.take(entry)?, name.clone())));
-            if got.is_none() {
-                got = serving
-                    .iter()
-                    .find_map(|&(entry, name)| Some((state.take_cooling(entry)?, name.clone())));
-                if let Some((_, name)) = &got {
-                    *lock(&self.cut_short).entry(name.clone()).or_default() += 1;
-                }
-            }
-            match got {
-                Some(p) => picks.push(p),
-                None => {
-                    for (addr, _) in &picks {
-                        state.untake(*addr, false);
-                    }
-                    return Err(no_pool_fits(inventory, request, interface, fam));
-                }
-            }
-        }
-        Ok(picks)
     }
 
     fn outcome(
@@ -777,51 +740,5 @@ fn load_to_alloc(e: LoadError) -> AllocError {
     match e {
         LoadError::Store(e) => AllocError::Store(e),
         LoadError::Duplicate { .. } => AllocError::Store(StoreError::Backend(e.to_string())),
-    }
-}
-
-fn no_pool_fits(
-    inventory: &Inventory,
-    request: &Request,
-    interface: &str,
-    fam: &FamilyDecision,
-) -> AllocError {
-    let name = |i: u32| inventory.pools[i as usize].name.as_str();
-    let mut trace = String::new();
-    let _ = writeln!(
-        trace,
-        "{interface} {}: rule {} ({})",
-        fam.family, fam.rule, fam.source
-    );
-    let candidates: Vec<&str> = fam.candidates.iter().map(|&i| name(i)).collect();
-    let _ = writeln!(trace, "candidates: {}", candidates.join(", "));
-    let mut reasons = Vec::new();
-    for d in &fam.dropped {
-        let pool = match &d.pool {
-            PoolRef::Index(i) => name(*i).to_string(),
-            PoolRef::Missing(n) => n.clone(),
-        };
-        let why = describe_drop(inventory, request, interface, d);
-        let _ = writeln!(trace, "dropped {pool}: {} ({why})", d.reason);
-        reasons.push(format!("{pool} {}", d.reason));
-    }
-    for &i in &fam.order {
-        let _ = writeln!(trace, "{}: no free address left", name(i));
-        reasons.push(format!("{} exhausted", name(i)));
-    }
-    let summary = if reasons.is_empty() {
-        "the policy named no candidate pool".to_string()
-    } else {
-        format!(
-            "{} considered: {}",
-            candidates.len().max(reasons.len()),
-            reasons.join(", ")
-        )
-    };
-    AllocError::NoPoolFits {
-        family: fam.family,
-        interface: interface.to_string(),
-        summary,
-        trace,
     }
 }

@@ -7,6 +7,7 @@ pub mod addr;
 pub mod autopool;
 pub mod block;
 pub mod config;
+pub mod declared;
 pub mod documents;
 pub mod edit;
 pub mod engine;

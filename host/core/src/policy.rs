@@ -136,14 +136,14 @@ pub struct PodInfo {
     pub owner: Option<Owner>,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NamespaceInfo {
     pub name: String,
     pub labels: Labels,
     pub annotations: Labels,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: String,
     pub labels: Labels,
@@ -280,6 +280,23 @@ pub struct Dropped {
     pub detail: String,
 }
 
+/// The address a NIC must get in one family, as a policy named it (contract 0.3.0): honoured
+/// only inside a pool of the family's `order`, never replaced by another address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddressHint {
+    /// As the policy wrote it; parsed by [`Decision::validate`].
+    pub address: String,
+    /// Where the policy read it, e.g. "pod annotation ipam.allot.dev/ip".
+    pub source: String,
+}
+
+impl AddressHint {
+    /// The address, once [`Decision::validate`] has accepted the decision.
+    pub fn ip(&self) -> Option<std::net::IpAddr> {
+        self.address.trim().parse().ok()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FamilyDecision {
     pub family: IpFamily,
@@ -288,6 +305,8 @@ pub struct FamilyDecision {
     pub candidates: Vec<u32>,
     pub order: Vec<u32>,
     pub dropped: Vec<Dropped>,
+    /// The address this family must get (contract 0.3.0); `None`: the host picks one.
+    pub address: Option<AddressHint>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -453,6 +472,30 @@ impl Decision {
                         "policy returned a source of {} bytes",
                         fam.source.len()
                     ));
+                }
+                if let Some(hint) = &fam.address {
+                    if hint.address.len() > MAX_SOURCE_BYTES || hint.source.len() > MAX_SOURCE_BYTES
+                    {
+                        return bad(format!(
+                            "policy returned an address hint of {} bytes",
+                            hint.address.len() + hint.source.len()
+                        ));
+                    }
+                    // The address is the user's (an annotation the policy passed on): a wrong
+                    // one is a verdict on the pod, not a fault of the policy.
+                    match hint.ip() {
+                        Some(ip) if IpFamily::of(ip) == fam.family => {}
+                        _ => {
+                            return Err(PolicyError::new(
+                                PolicyErrorKind::InvalidInput,
+                                format!(
+                                    "{} asks for {:?} on interface {}, which is not an {} \
+                                     address: correct it",
+                                    hint.source, hint.address, nic.interface, fam.family
+                                ),
+                            ));
+                        }
+                    }
                 }
                 for list in [&fam.candidates, &fam.order] {
                     if let Some(&i) = list.iter().find(|&&i| i as usize >= pool_count) {
@@ -704,6 +747,7 @@ mod tests {
                     candidates,
                     order,
                     dropped: vec![],
+                    address: None,
                 }],
             }],
         }

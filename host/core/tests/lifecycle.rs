@@ -654,6 +654,7 @@ impl allot_core::policy::Policy for OrdersEverything {
                         candidates: all.clone(),
                         order: all.clone(),
                         dropped: vec![],
+                        address: None,
                     }],
                 })
                 .collect(),

@@ -256,6 +256,16 @@ impl WorkloadIndex {
             .fold(AddrSet::empty(family), |acc, r| acc.union(&r.ips))
     }
 
+    /// Every ReservedIP by name: what it reserves (`None` while it is being deleted, or when
+    /// nothing of it can be read), its labels, and whether it is being deleted.
+    pub fn reserved_objects(
+        &self,
+    ) -> impl Iterator<Item = (&String, Option<&Reserved>, &BTreeMap<String, String>, bool)> {
+        self.reserved
+            .iter()
+            .map(|(name, (r, (_, labels, deleting)))| (name, r.as_ref(), labels, *deleting))
+    }
+
     fn set_workload(&mut self, key: WorkloadKey, entry: Option<WorkloadEntry>) {
         let changed = match entry {
             Some(e) => self.workloads.insert(key, e.clone()).as_ref() != Some(&e),

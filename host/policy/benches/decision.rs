@@ -239,15 +239,16 @@ fn sdk_request(inv: &core::Inventory, r: &core::Request) -> sdk::Request {
                 name: o.name.clone(),
             }),
         },
-        namespace: sdk::Namespace {
+        // Natively nothing crosses a sandbox: the namespace and node are always there.
+        namespace: Some(sdk::Namespace {
             name: r.namespace.name.clone(),
             labels: labels(&r.namespace.labels),
             annotations: labels(&r.namespace.annotations),
-        },
-        node: sdk::Node {
+        }),
+        node: Some(sdk::Node {
             name: r.node.name.clone(),
             labels: labels(&r.node.labels),
-        },
+        }),
         nics: r
             .nics
             .iter()

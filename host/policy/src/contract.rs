@@ -1,14 +1,17 @@
 //! The versions of the `allot:policy` contract this host accepts, one set of bindings each (as
-//! Zed does for its extensions): `wit/policy.wit` is the current 0.2.0, `wit/0.1.0/` the frozen
-//! 0.1.0. A component is bound by the version of `allot:policy/policy` it exports, and both
-//! versions convert to the same allot-core types, so the rest of the host never sees which one
-//! a policy was built against.
+//! Zed does for its extensions): `wit/policy.wit` is the current 0.3.0, `wit/0.2.0/` and
+//! `wit/0.1.0/` the frozen older ones. A component is bound by the version of
+//! `allot:policy/policy` it exports, and every version converts to the same allot-core types,
+//! so the rest of the host never sees which one a policy was built against.
 //!
 //! 0.2.0 added `nic-decision.error` (a policy can fail one NIC and still decide the others);
-//! a 0.1.0 component's NIC decisions never carry one.
+//! a 0.1.0 component's NIC decisions never carry one. 0.3.0 sends the namespace and node only
+//! when they differ from the instance's previous call (so a 0.3.0 instance remembers what it
+//! was sent), and added `family-decision.address` (a policy may name the address a NIC must
+//! get); older components never name one.
 
 use allot_core::PolicyError;
-use allot_core::policy::{Decision, Inventory, Request};
+use allot_core::policy::{Decision, Inventory, NamespaceInfo, NodeInfo, Request};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, Store};
 
@@ -25,12 +28,20 @@ pub(crate) mod v0_1 {
 pub(crate) mod v0_2 {
     wasmtime::component::bindgen!({
         world: "pool-policy",
+        path: "../../wit/0.2.0",
+    });
+}
+
+pub(crate) mod v0_3 {
+    wasmtime::component::bindgen!({
+        world: "pool-policy",
         path: "../../wit",
     });
 }
 
 /// The export each version's component carries, newest first.
-const POLICY_EXPORTS: [(&str, Version); 2] = [
+const POLICY_EXPORTS: [(&str, Version); 3] = [
+    ("allot:policy/policy@0.3.0", Version::V0_3),
     ("allot:policy/policy@0.2.0", Version::V0_2),
     ("allot:policy/policy@0.1.0", Version::V0_1),
 ];
@@ -39,6 +50,7 @@ const POLICY_EXPORTS: [(&str, Version); 2] = [
 pub(crate) enum Version {
     V0_1,
     V0_2,
+    V0_3,
 }
 
 impl Version {
@@ -71,18 +83,28 @@ impl Version {
 pub(crate) enum Pre {
     V0_1(v0_1::PoolPolicyPre<HostState>),
     V0_2(v0_2::PoolPolicyPre<HostState>),
+    V0_3(v0_3::PoolPolicyPre<HostState>),
 }
 
-/// A live instance of either version.
+/// A live instance of any version.
 pub(crate) enum Instance {
     V0_1(v0_1::PoolPolicy),
     V0_2(v0_2::PoolPolicy),
+    V0_3(v0_3::PoolPolicy, Sent),
+}
+
+/// What a 0.3.0 instance was last sent, so that an unchanged namespace or node is left out.
+#[derive(Default)]
+pub(crate) struct Sent {
+    namespace: Option<NamespaceInfo>,
+    node: Option<NodeInfo>,
 }
 
 /// The inventory converted for one version's guests.
 pub(crate) enum GuestInventory {
     V0_1(v0_1::allot::policy::types::Inventory),
     V0_2(v0_2::allot::policy::types::Inventory),
+    V0_3(v0_3::allot::policy::types::Inventory),
 }
 
 impl Pre {
@@ -92,6 +114,7 @@ impl Pre {
         match version {
             Version::V0_1 => v0_1::PoolPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?,
             Version::V0_2 => v0_2::PoolPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?,
+            Version::V0_3 => v0_3::PoolPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?,
         }
         // A policy built with std may still name WASI functions it never calls (stderr for
         // panics). They get no capability: calling one traps.
@@ -100,6 +123,7 @@ impl Pre {
         Ok(match version {
             Version::V0_1 => Pre::V0_1(v0_1::PoolPolicyPre::new(pre)?),
             Version::V0_2 => Pre::V0_2(v0_2::PoolPolicyPre::new(pre)?),
+            Version::V0_3 => Pre::V0_3(v0_3::PoolPolicyPre::new(pre)?),
         })
     }
 
@@ -107,6 +131,7 @@ impl Pre {
         match self {
             Pre::V0_1(_) => "0.1.0",
             Pre::V0_2(_) => "0.2.0",
+            Pre::V0_3(_) => "0.3.0",
         }
     }
 
@@ -114,6 +139,7 @@ impl Pre {
         Ok(match self {
             Pre::V0_1(pre) => Instance::V0_1(pre.instantiate(store)?),
             Pre::V0_2(pre) => Instance::V0_2(pre.instantiate(store)?),
+            Pre::V0_3(pre) => Instance::V0_3(pre.instantiate(store)?, Sent::default()),
         })
     }
 
@@ -121,6 +147,7 @@ impl Pre {
         match self {
             Pre::V0_1(_) => GuestInventory::V0_1(convert::v0_1::inventory(inventory)),
             Pre::V0_2(_) => GuestInventory::V0_2(convert::v0_2::inventory(inventory)),
+            Pre::V0_3(_) => GuestInventory::V0_3(convert::v0_3::inventory(inventory)),
         }
     }
 }
@@ -138,13 +165,16 @@ impl Instance {
             (Instance::V0_2(i), GuestInventory::V0_2(inv)) => {
                 i.allot_policy_policy().call_load_inventory(store, inv)
             }
+            (Instance::V0_3(i, _), GuestInventory::V0_3(inv)) => {
+                i.allot_policy_policy().call_load_inventory(store, inv)
+            }
             _ => wasmtime::bail!("an inventory converted for another contract version"),
         }
     }
 
     /// Ok(verdict) when the guest returned normally; Err on a trap.
     pub(crate) fn decide(
-        &self,
+        &mut self,
         store: &mut Store<HostState>,
         generation: u64,
         request: &Request,
@@ -160,6 +190,23 @@ impl Instance {
                 .call_decide(store, &convert::v0_2::request(generation, request))?
                 .map(convert::v0_2::decision)
                 .map_err(convert::v0_2::decision_error),
+            Instance::V0_3(i, sent) => {
+                let send_namespace = sent.namespace.as_ref() != Some(&request.namespace);
+                let send_node = sent.node.as_ref() != Some(&request.node);
+                let wit = convert::v0_3::request(generation, request, send_namespace, send_node);
+                // Remembered before the call: the guest keeps what it is sent even when it then
+                // answers with an error. A trap discards the instance, and this with it.
+                if send_namespace {
+                    sent.namespace = Some(request.namespace.clone());
+                }
+                if send_node {
+                    sent.node = Some(request.node.clone());
+                }
+                i.allot_policy_policy()
+                    .call_decide(store, &wit)?
+                    .map(convert::v0_3::decision)
+                    .map_err(convert::v0_3::decision_error)
+            }
         })
     }
 }
@@ -185,3 +232,4 @@ macro_rules! host_imports {
 
 host_imports!(v0_1);
 host_imports!(v0_2);
+host_imports!(v0_3);

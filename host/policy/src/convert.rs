@@ -1,6 +1,7 @@
 //! Conversions between allot-core's policy types and the WIT bindings of each contract version
-//! (`crate::contract`). The versions share every type but the NIC decision, so one macro
-//! writes the shared conversions into a module per version.
+//! (`crate::contract`). The versions share most types (0.2.0 changed the NIC decision, 0.3.0
+//! the request and the family decision), so one macro writes the shared conversions into a
+//! module per version.
 
 use allot_core::IpFamily;
 use allot_core::policy::{self as core, Labels};
@@ -112,42 +113,49 @@ macro_rules! shared_conversions {
             }
         }
 
-        pub(crate) fn request(generation: u64, r: &core::Request) -> wit::Request {
-            wit::Request {
-                inventory_generation: generation,
-                pod: wit::Pod {
-                    namespace: r.pod.namespace.clone(),
-                    name: r.pod.name.clone(),
-                    uid: r.pod.uid.clone(),
-                    labels: labels(&r.pod.labels),
-                    annotations: labels(&r.pod.annotations),
-                    owner: r.pod.owner.as_ref().map(|o| wit::Owner {
-                        kind: o.kind.clone(),
-                        name: o.name.clone(),
-                    }),
-                },
-                namespace: wit::Namespace {
-                    name: r.namespace.name.clone(),
-                    labels: labels(&r.namespace.labels),
-                    annotations: labels(&r.namespace.annotations),
-                },
-                node: wit::Node {
-                    name: r.node.name.clone(),
-                    labels: labels(&r.node.labels),
-                },
-                nics: r
-                    .nics
-                    .iter()
-                    .map(|n| wit::Nic {
-                        interface: n.interface.clone(),
-                        multus_name: n.multus_name.clone(),
-                    })
-                    .collect(),
-                cni_defaults: wit::CniDefaults {
-                    ipv4: r.cni_defaults.ipv4.clone(),
-                    ipv6: r.cni_defaults.ipv6.clone(),
-                },
-                free_counts: r.free_counts.clone(),
+        fn pod(p: &core::PodInfo) -> wit::Pod {
+            wit::Pod {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                uid: p.uid.clone(),
+                labels: labels(&p.labels),
+                annotations: labels(&p.annotations),
+                owner: p.owner.as_ref().map(|o| wit::Owner {
+                    kind: o.kind.clone(),
+                    name: o.name.clone(),
+                }),
+            }
+        }
+
+        fn namespace(n: &core::NamespaceInfo) -> wit::Namespace {
+            wit::Namespace {
+                name: n.name.clone(),
+                labels: labels(&n.labels),
+                annotations: labels(&n.annotations),
+            }
+        }
+
+        fn node(n: &core::NodeInfo) -> wit::Node {
+            wit::Node {
+                name: n.name.clone(),
+                labels: labels(&n.labels),
+            }
+        }
+
+        fn nics(r: &core::Request) -> Vec<wit::Nic> {
+            r.nics
+                .iter()
+                .map(|n| wit::Nic {
+                    interface: n.interface.clone(),
+                    multus_name: n.multus_name.clone(),
+                })
+                .collect()
+        }
+
+        fn cni_defaults(r: &core::Request) -> wit::CniDefaults {
+            wit::CniDefaults {
+                ipv4: r.cni_defaults.ipv4.clone(),
+                ipv6: r.cni_defaults.ipv6.clone(),
             }
         }
 
@@ -214,6 +222,7 @@ macro_rules! shared_conversions {
                         detail: d.detail,
                     })
                     .collect(),
+                address: None,
             }
         }
 
@@ -233,6 +242,19 @@ pub(crate) mod v0_1 {
     use crate::contract::v0_1::allot::policy::types as wit;
 
     shared_conversions!();
+
+    /// Before 0.3.0 every request carries the namespace and the node.
+    pub(crate) fn request(generation: u64, r: &core::Request) -> wit::Request {
+        wit::Request {
+            inventory_generation: generation,
+            pod: pod(&r.pod),
+            namespace: namespace(&r.namespace),
+            node: node(&r.node),
+            nics: nics(r),
+            cni_defaults: cni_defaults(r),
+            free_counts: r.free_counts.clone(),
+        }
+    }
 
     pub(crate) fn decision(d: wit::Decision) -> core::Decision {
         core::Decision {
@@ -258,6 +280,19 @@ pub(crate) mod v0_2 {
 
     shared_conversions!();
 
+    /// Before 0.3.0 every request carries the namespace and the node.
+    pub(crate) fn request(generation: u64, r: &core::Request) -> wit::Request {
+        wit::Request {
+            inventory_generation: generation,
+            pod: pod(&r.pod),
+            namespace: namespace(&r.namespace),
+            node: node(&r.node),
+            nics: nics(r),
+            cni_defaults: cni_defaults(r),
+            free_counts: r.free_counts.clone(),
+        }
+    }
+
     pub(crate) fn decision(d: wit::Decision) -> core::Decision {
         core::Decision {
             nics: d
@@ -269,6 +304,61 @@ pub(crate) mod v0_2 {
                     clean_gateway: n.clean_gateway,
                     routes: routes_back(n.routes),
                     families: n.families.into_iter().map(family_decision).collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+pub(crate) mod v0_3 {
+    use super::*;
+    use crate::contract::v0_3::allot::policy::types as wit;
+
+    shared_conversions!();
+
+    /// The namespace and node go along only when `send_namespace` / `send_node`: the instance
+    /// keeps the last ones it was sent.
+    pub(crate) fn request(
+        generation: u64,
+        r: &core::Request,
+        send_namespace: bool,
+        send_node: bool,
+    ) -> wit::Request {
+        wit::Request {
+            inventory_generation: generation,
+            pod: pod(&r.pod),
+            namespace: send_namespace.then(|| namespace(&r.namespace)),
+            node: send_node.then(|| node(&r.node)),
+            nics: nics(r),
+            cni_defaults: cni_defaults(r),
+            free_counts: r.free_counts.clone(),
+        }
+    }
+
+    pub(crate) fn decision(d: wit::Decision) -> core::Decision {
+        core::Decision {
+            nics: d
+                .nics
+                .into_iter()
+                .map(|n| core::NicDecision {
+                    interface: n.interface,
+                    error: n.error.map(decision_error),
+                    clean_gateway: n.clean_gateway,
+                    routes: routes_back(n.routes),
+                    families: n
+                        .families
+                        .into_iter()
+                        .map(|mut f| {
+                            let address = f.address.take().map(|a| core::AddressHint {
+                                address: a.address,
+                                source: a.source,
+                            });
+                            core::FamilyDecision {
+                                address,
+                                ..family_decision(f)
+                            }
+                        })
+                        .collect(),
                 })
                 .collect(),
         }

@@ -78,7 +78,7 @@ pub enum LoadError {
     #[error("policy {name} is not a valid component: {reason}")]
     Compile { name: String, reason: String },
     #[error(
-        "policy {name} does not fit the allot:policy contract (0.2.0, or the older 0.1.0): {reason}"
+        "policy {name} does not fit the allot:policy contract (0.3.0, or the older 0.2.0 or 0.1.0): {reason}"
     )]
     Contract { name: String, reason: String },
     #[error("creating the policy engine: {0}")]
@@ -248,8 +248,8 @@ impl LoadedPolicy {
         self.prepared.warm_instances()
     }
 
-    /// The version of the `allot:policy` contract the component was built against ("0.2.0",
-    /// or "0.1.0" for an older component, which the host keeps running unchanged).
+    /// The version of the `allot:policy` contract the component was built against ("0.3.0",
+    /// or "0.2.0" / "0.1.0" for an older component, which the host keeps running unchanged).
     pub fn contract_version(&self) -> &'static str {
         self.prepared.contract_version()
     }

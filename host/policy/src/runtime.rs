@@ -470,7 +470,7 @@ impl Prepared {
         )
     }
 
-    /// The contract version the component was built against, e.g. "0.2.0".
+    /// The contract version the component was built against, e.g. "0.3.0".
     pub(crate) fn contract_version(&self) -> &'static str {
         self.pre.version()
     }

@@ -16,6 +16,10 @@
 //!   the trace (it names no pool).
 //! * **sort**: PodAffinity > NodeName > NodeAffinity > NamespaceName > NamespaceAffinity >
 //!   MultusName, compared lexicographically; stable, so equal pools keep the user's order.
+//! * **address**: an address the pod is given by annotation (`ipam.allot.dev/ips` / `ip`, a
+//!   StatefulSet's `ipam.allot.dev/ordinal-ips` indexed by the pod's ordinal, or Calico's
+//!   `cni.projectcalico.org/ipAddrs`), which the host takes from a pool of the order or refuses
+//!   with the reason; none otherwise (the host picks).
 //!
 //! Annotations are read under `ipam.allot.dev/` and `ipam.spidernet.io/` (allot's wins), and
 //! the namespace defaults also under the older `defaultv4ippool` / `defaultv6ippool` keys.
@@ -26,13 +30,13 @@
 use allot_policy_sdk::annotations::{self, Found, Selection};
 use allot_policy_sdk::types::Owner;
 use allot_policy_sdk::{
-    Acquisition, AcquisitionRule, Context, DecisionError, DropReason, FamilyCandidates, IpFamily,
-    Nic, Policy, Pool, PoolRef, Rejection, missing, selector,
+    Acquisition, AcquisitionRule, AddressHint, Context, DecisionError, DropReason,
+    FamilyCandidates, IpFamily, Nic, Policy, Pool, PoolRef, Rejection, missing, selector,
 };
 
 /// The interface that `ippool` and `subnet` (the single-NIC annotations) apply to unless they
 /// name one: Kubernetes' primary interface.
-pub const PRIMARY_INTERFACE: &str = "eth0";
+pub use allot_policy_sdk::PRIMARY_INTERFACE;
 
 pub struct DefaultPolicy;
 
@@ -48,10 +52,35 @@ impl Policy for DefaultPolicy {
     fn sort(ctx: &Context, nic: &Nic, family: IpFamily, order: &mut [u32]) {
         sort(ctx, nic, family, order)
     }
+
+    fn address(
+        ctx: &Context,
+        nic: &Nic,
+        family: IpFamily,
+        order: &[u32],
+    ) -> Result<Option<AddressHint>, DecisionError> {
+        address(ctx, nic, family, order)
+    }
 }
 
 #[cfg(feature = "component")]
 allot_policy_sdk::export_policy!(DefaultPolicy);
+
+// ---------------------------------------------------------------------------------------------
+// address
+
+/// The address the pod is given for `nic` and `family` by its annotations
+/// ([`allot_policy_sdk::addresses`]: `ipam.allot.dev/ips`, `ipam.allot.dev/ip`,
+/// `ipam.allot.dev/ordinal-ips` by StatefulSet ordinal, Calico's `cni.projectcalico.org/ipAddrs`),
+/// else none (the host picks). The host honours it only inside a pool of `order`.
+pub fn address(
+    ctx: &Context,
+    nic: &Nic,
+    family: IpFamily,
+    _order: &[u32],
+) -> Result<Option<AddressHint>, DecisionError> {
+    allot_policy_sdk::addresses::given_address(ctx, nic, family)
+}
 
 // ---------------------------------------------------------------------------------------------
 // acquire
@@ -302,7 +331,7 @@ pub fn namespace_default(ctx: &Context) -> Result<Option<Acquisition>, DecisionE
     let keys: Vec<&str> = [k4, k6].into_iter().flatten().map(|f| f.key).collect();
     let source = format!(
         "namespace {} annotation {}",
-        ctx.request.namespace.name,
+        ctx.namespace.name,
         keys.join(", ")
     );
     Ok(Some(Acquisition {
@@ -359,7 +388,6 @@ pub fn cluster_default(ctx: &Context) -> Option<Acquisition> {
 /// someone reads the trace, so the hot path formats no strings.
 pub fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<(), Rejection> {
     let pool = ctx.pool(index);
-    let req = ctx.request;
     let reject = |reason| Err(Rejection::standard(reason));
     if pool.terminating {
         return reject(DropReason::Terminating);
@@ -378,7 +406,7 @@ pub fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<
     let node_ok = (pool.node_name.is_empty() && pool.node_affinity.is_none())
         || ctx.node_verdict(index, || {
             if !pool.node_name.is_empty() {
-                pool.node_name.contains(&req.node.name)
+                pool.node_name.contains(&ctx.node.name)
             } else {
                 pool.node_affinity
                     .as_ref()
@@ -391,7 +419,7 @@ pub fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<
     let namespace_ok = (pool.namespace_name.is_empty() && pool.namespace_affinity.is_none())
         || ctx.namespace_verdict(index, || {
             if !pool.namespace_name.is_empty() {
-                pool.namespace_name.contains(&req.namespace.name)
+                pool.namespace_name.contains(&ctx.namespace.name)
             } else {
                 pool.namespace_affinity
                     .as_ref()

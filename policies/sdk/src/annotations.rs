@@ -47,13 +47,20 @@ pub fn find<'a>(annotations: &'a [Label], name: &str) -> Option<Found<'a>> {
         })
 }
 
-fn malformed(key: &str, problem: impl std::fmt::Display, example: &str) -> DecisionError {
+pub(crate) fn malformed(
+    key: &str,
+    problem: impl std::fmt::Display,
+    example: &str,
+) -> DecisionError {
     DecisionError::invalid_input(format!(
         "annotation {key} is malformed: {problem}; expected a value like {example}"
     ))
 }
 
-fn parse_json<T: DeserializeOwned>(found: Found, example: &str) -> Result<T, DecisionError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(
+    found: Found,
+    example: &str,
+) -> Result<T, DecisionError> {
     serde_json::from_str(found.value).map_err(|e| malformed(found.key, e, example))
 }
 
@@ -87,7 +94,7 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
 }
 
 /// Parses a JSON object, or a list of JSON objects, into `T`.
-fn parse_objects<T: DeserializeOwned>(
+pub(crate) fn parse_objects<T: DeserializeOwned>(
     found: Found,
     example: &str,
     list: bool,

@@ -4,7 +4,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, DefaultHasher};
 
-use crate::types::{Inventory, IpFamily, Label, Namespace, Node, Pool, PoolRef, Request, Subnet};
+use crate::types::{
+    DecisionError, Inventory, IpFamily, Label, Namespace, Node, Pool, PoolRef, Request, Subnet,
+};
 use crate::wildcard;
 use crate::{DropReason, Dropped};
 
@@ -40,13 +42,10 @@ impl Index {
 
 /// Verdicts that depend only on a pool and the node (or the namespace), kept across calls for
 /// one inventory generation: an agent serves one node, so its node checks are the same for every
-/// pod, and a namespace's for every pod in it. Reset when the node (or namespace) differs from
-/// the one they were computed for.
+/// pod, and a namespace's for every pod in it. Reset when another node (or namespace) is sent.
 #[derive(Debug, Default)]
 pub(crate) struct Memo {
-    node: Option<Node>,
     node_verdicts: Vec<Verdict>,
-    namespace: Option<Namespace>,
     namespace_verdicts: Vec<Verdict>,
 }
 
@@ -58,19 +57,43 @@ enum Verdict {
     Passes,
 }
 
+/// The namespace and node last sent. A 0.3.0 host sends them only when they change, so an
+/// instance keeps them across calls and across inventory loads.
+#[derive(Debug, Default)]
+pub(crate) struct Known {
+    pub(crate) namespace: Option<Namespace>,
+    pub(crate) node: Option<Node>,
+}
+
 impl Memo {
-    /// Forgets what was computed for another node or namespace than the request's.
-    pub(crate) fn prepare(&mut self, request: &Request, pools: usize) {
-        if self.node.as_ref() != Some(&request.node) {
-            self.node = Some(request.node.clone());
+    /// Takes what the request sends (a namespace or node absent from it is the one known), and
+    /// forgets the verdicts computed for another node or namespace.
+    pub(crate) fn prepare(
+        &mut self,
+        known: &mut Known,
+        request: &Request,
+        pools: usize,
+    ) -> Result<(), DecisionError> {
+        if let Some(node) = &request.node
+            && known.node.as_ref() != Some(node)
+        {
+            known.node = Some(node.clone());
             self.node_verdicts.clear();
-            self.node_verdicts.resize(pools, Verdict::Unknown);
         }
-        if self.namespace.as_ref() != Some(&request.namespace) {
-            self.namespace = Some(request.namespace.clone());
+        if let Some(namespace) = &request.namespace
+            && known.namespace.as_ref() != Some(namespace)
+        {
+            known.namespace = Some(namespace.clone());
             self.namespace_verdicts.clear();
-            self.namespace_verdicts.resize(pools, Verdict::Unknown);
         }
+        if known.node.is_none() || known.namespace.is_none() {
+            return Err(DecisionError::internal(
+                "the request leaves out the namespace or node, but this instance was never sent one",
+            ));
+        }
+        self.node_verdicts.resize(pools, Verdict::Unknown);
+        self.namespace_verdicts.resize(pools, Verdict::Unknown);
+        Ok(())
     }
 }
 
@@ -96,7 +119,13 @@ fn remembered(verdicts: &mut [Verdict], index: u32, check: impl FnOnce() -> bool
 /// The inventory and request of one decision.
 pub struct Context<'a> {
     pub inventory: &'a Inventory,
+    /// The request as sent: its `namespace` and `node` may be absent (unchanged since the last
+    /// call); read [`Context::namespace`] and [`Context::node`] instead.
     pub request: &'a Request,
+    /// The pod's namespace, whether this request sent it or an earlier one did.
+    pub namespace: &'a Namespace,
+    /// The node, likewise.
+    pub node: &'a Node,
     pub(crate) index: &'a Index,
     pub(crate) memo: &'a RefCell<Memo>,
 }
@@ -157,17 +186,23 @@ impl<'a> Context<'a> {
 
     #[inline]
     pub fn namespace_labels(&self) -> &'a [Label] {
-        &self.request.namespace.labels
+        &self.namespace.labels
     }
 
     #[inline]
     pub fn namespace_annotations(&self) -> &'a [Label] {
-        &self.request.namespace.annotations
+        &self.namespace.annotations
     }
 
     #[inline]
     pub fn node_labels(&self) -> &'a [Label] {
-        &self.request.node.labels
+        &self.node.labels
+    }
+
+    /// The pod's StatefulSet ordinal ([`crate::addresses::ordinal`]).
+    #[inline]
+    pub fn ordinal(&self) -> Option<u64> {
+        crate::addresses::ordinal(self)
     }
 
     /// `check()` for pool `index`, computed once per node and inventory generation. Only for a

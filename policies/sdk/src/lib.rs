@@ -4,7 +4,10 @@
 //!
 //! 1. [`Policy::acquire`]: which pools are candidates for a NIC, per IP family, and by which rule;
 //! 2. [`Policy::filter`]: whether one candidate can serve this pod here (or why not);
-//! 3. [`Policy::sort`]: the order of the survivors (stable: equal pools keep the user's order).
+//! 3. [`Policy::sort`]: the order of the survivors (stable: equal pools keep the user's order);
+//! 4. [`Policy::address`] (contract 0.3.0, optional): the address the NIC must get in a family,
+//!    when the policy names one (a pod annotation, a StatefulSet ordinal's entry of a list); the
+//!    host honours it only inside a pool of the order, or fails the NIC saying why.
 //!
 //! The default policy's stages are in the `allot-policy-default` crate, so a custom policy can
 //! reuse two of them and replace the third. [`export_policy!`] turns a type implementing
@@ -14,6 +17,7 @@
 // The generated bindings and export macro name this crate by its absolute path.
 extern crate self as allot_policy_sdk;
 
+pub mod addresses;
 pub mod annotations;
 mod context;
 pub mod log;
@@ -48,9 +52,13 @@ pub use __runtime::install_panic_hook;
 pub use context::{Context, Resolved, missing};
 pub use pipeline::{Acquisition, FamilyCandidates, Loaded, Rejection};
 pub use types::{
-    AcquisitionRule, Decision, DecisionError, DropReason, Dropped, ErrorKind, IpFamily, Nic, Pool,
-    PoolRef, Request, Route,
+    AcquisitionRule, AddressHint, Decision, DecisionError, DropReason, Dropped, ErrorKind,
+    IpFamily, Nic, Pool, PoolRef, Request, Route,
 };
+
+/// The interface that single-NIC annotations (`ippool`, `subnet`, `ip`, Calico's `ipAddrs`)
+/// apply to unless they name one: Kubernetes' primary interface.
+pub const PRIMARY_INTERFACE: &str = "eth0";
 
 /// A pool-selection policy, as three replaceable stages.
 pub trait Policy {
@@ -63,6 +71,21 @@ pub trait Policy {
 
     /// Orders the surviving candidates in place, best first. Use a stable sort.
     fn sort(ctx: &Context, nic: &Nic, family: IpFamily, order: &mut [u32]);
+
+    /// The address `nic` must get in `family`, if the policy names one (contract 0.3.0), given
+    /// the final `order`. The host takes it from a pool of `order` (or one dropped only for being
+    /// full), or fails the NIC with the address and why: it never picks another address instead.
+    /// An `Err` fails this NIC alone. By default: none, the host picks.
+    /// [`addresses::given_address`] reads the annotations that give a pod its address.
+    fn address(
+        ctx: &Context,
+        nic: &Nic,
+        family: IpFamily,
+        order: &[u32],
+    ) -> Result<Option<AddressHint>, DecisionError> {
+        let _ = (ctx, nic, family, order);
+        Ok(None)
+    }
 }
 
 impl DecisionError {
@@ -156,8 +179,14 @@ pub mod __runtime {
 
     pub fn load_inventory(inventory: Inventory) {
         install_panic_hook();
-        let loaded = Loaded::new(inventory);
-        LOADED.with(|l| *l.borrow_mut() = Some(loaded));
+        LOADED.with(|l| {
+            let mut l = l.borrow_mut();
+            let loaded = match l.take() {
+                Some(previous) => previous.reload(inventory),
+                None => Loaded::new(inventory),
+            };
+            *l = Some(loaded);
+        });
     }
 
     pub fn decide<P: Policy>(request: Request) -> Result<Decision, DecisionError> {

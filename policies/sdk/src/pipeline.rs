@@ -3,7 +3,7 @@
 use crate::Policy;
 use std::cell::RefCell;
 
-use crate::context::{Context, Index, Memo};
+use crate::context::{Context, Index, Known, Memo};
 use crate::types::{
     AcquisitionRule, Decision, DecisionError, DropReason, Dropped, FamilyDecision, Inventory,
     IpFamily, NicDecision, PoolRef, Request, Route,
@@ -74,6 +74,7 @@ pub struct Loaded {
     inventory: Inventory,
     index: Index,
     memo: RefCell<Memo>,
+    known: RefCell<Known>,
 }
 
 impl Loaded {
@@ -83,6 +84,16 @@ impl Loaded {
             inventory,
             index,
             memo: RefCell::default(),
+            known: RefCell::default(),
+        }
+    }
+
+    /// `inventory` loaded in place of this one's: the namespace and node last sent stay known
+    /// (a 0.3.0 host does not send them again after a new inventory).
+    pub fn reload(self, inventory: Inventory) -> Self {
+        Loaded {
+            known: self.known,
+            ..Loaded::new(inventory)
         }
     }
 
@@ -90,20 +101,29 @@ impl Loaded {
         &self.inventory
     }
 
-    /// Runs acquire → filter → sort for every NIC of the request.
+    /// Runs acquire → filter → sort → address for every NIC of the request.
     pub fn decide<P: Policy>(&self, request: &Request) -> Result<Decision, DecisionError> {
+        // First: what the request sends is known from now on, whatever the answer.
+        self.memo.borrow_mut().prepare(
+            &mut self.known.borrow_mut(),
+            request,
+            self.inventory.pools.len(),
+        )?;
         if request.inventory_generation != self.inventory.generation {
             return Err(DecisionError::internal(format!(
                 "request is for inventory generation {} but generation {} is loaded",
                 request.inventory_generation, self.inventory.generation
             )));
         }
-        self.memo
-            .borrow_mut()
-            .prepare(request, self.inventory.pools.len());
+        let known = self.known.borrow();
+        let (Some(namespace), Some(node)) = (&known.namespace, &known.node) else {
+            unreachable!("prepare checked that both are known")
+        };
         let ctx = Context {
             inventory: &self.inventory,
             request,
+            namespace,
+            node,
             index: &self.index,
             memo: &self.memo,
         };
@@ -121,6 +141,7 @@ impl Loaded {
                 continue;
             }
             let mut families = Vec::with_capacity(acquisition.families.len());
+            let mut failed = None;
             for fam in acquisition.families {
                 let mut order = Vec::with_capacity(fam.candidates.len());
                 let mut dropped = fam.missing;
@@ -135,6 +156,13 @@ impl Loaded {
                     }
                 }
                 P::sort(&ctx, nic, fam.family, &mut order);
+                let address = match P::address(&ctx, nic, fam.family, &order) {
+                    Ok(address) => address,
+                    Err(error) => {
+                        failed = Some(error);
+                        break;
+                    }
+                };
                 families.push(FamilyDecision {
                     family: fam.family,
                     rule: fam.rule,
@@ -142,7 +170,18 @@ impl Loaded {
                     candidates: fam.candidates,
                     order,
                     dropped,
+                    address,
                 });
+            }
+            if let Some(error) = failed {
+                nics.push(NicDecision {
+                    interface: nic.interface.clone(),
+                    error: Some(error),
+                    clean_gateway: false,
+                    routes: Vec::new(),
+                    families: Vec::new(),
+                });
+                continue;
             }
             nics.push(NicDecision {
                 interface: nic.interface.clone(),

@@ -6,11 +6,16 @@
 //!   is dropped (reason `other`), so operators can empty a pool without deleting it.
 //! * **sort**: pools in the node's zone (label `topology.kubernetes.io/zone` on both the pool and
 //!   the node) first; within each group, most free addresses first; ties keep the user's order.
+//! * **address** (contract 0.3.0): an address the pod's annotations give it (the default
+//!   policy's, unchanged); else, for a pod labelled `zone-aware.allot.dev/address-index: "N"`,
+//!   the Nth address (from 0) of the `ips` of the first pool of the order: an address derived
+//!   from a label, which the host honours under the same rules as a given one.
 
 use std::cmp::Reverse;
 
 use allot_policy_sdk::{
-    Acquisition, Context, DecisionError, DropReason, IpFamily, Nic, Policy, Rejection, selector,
+    Acquisition, AddressHint, Context, DecisionError, DropReason, IpFamily, Nic, Policy, Rejection,
+    addresses, selector,
 };
 
 /// The well-known Kubernetes zone label, read from the node and from each pool.
@@ -18,6 +23,9 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// A pool carrying this label with the value `"true"` takes no new addresses.
 pub const DRAIN_LABEL: &str = "allot.dev/drain";
+
+/// A pod label whose value N asks for the Nth address of the first pool of the order.
+pub const ADDRESS_INDEX_LABEL: &str = "zone-aware.allot.dev/address-index";
 
 pub struct ZoneAware;
 
@@ -50,6 +58,48 @@ impl Policy for ZoneAware {
                 zone.is_some() && selector::get(&ctx.pool(i).labels, ZONE_LABEL) == zone;
             (Reverse(same_zone), Reverse(ctx.free(i)))
         });
+    }
+
+    /// The default's given addresses first; else the address a pod label derives.
+    fn address(
+        ctx: &Context,
+        nic: &Nic,
+        family: IpFamily,
+        order: &[u32],
+    ) -> Result<Option<AddressHint>, DecisionError> {
+        if let Some(given) = allot_policy_default::address(ctx, nic, family, order)? {
+            return Ok(Some(given));
+        }
+        let Some(value) = selector::get(ctx.pod_labels(), ADDRESS_INDEX_LABEL) else {
+            return Ok(None);
+        };
+        let index: u64 = value.parse().map_err(|_| {
+            DecisionError::invalid_input(format!(
+                "label {ADDRESS_INDEX_LABEL} is {value:?}: expected a number such as \"3\""
+            ))
+        })?;
+        // Only the primary interface's first pool: the label names one address.
+        let Some(&first) = order.first() else {
+            return Ok(None);
+        };
+        if nic.interface != allot_policy_sdk::PRIMARY_INTERFACE {
+            return Ok(None);
+        }
+        let pool = ctx.pool(first);
+        let key = format!("label {ADDRESS_INDEX_LABEL}");
+        match addresses::nth(&key, &pool.ips, index, family)? {
+            (Some(ip), _) => Ok(Some(AddressHint {
+                address: ip.to_string(),
+                source: format!(
+                    "pod {key}={value} (address {index} of IPPool {})",
+                    pool.name
+                ),
+            })),
+            (None, count) => Err(DecisionError::invalid_input(format!(
+                "pod {key}={value} asks for address {index} of IPPool {}, which lists {count}",
+                pool.name
+            ))),
+        }
     }
 }
 
@@ -143,15 +193,15 @@ mod tests {
                 annotations: labels(annotations),
                 owner: None,
             },
-            namespace: Namespace {
+            namespace: Some(Namespace {
                 name: "team-a".into(),
                 labels: vec![],
                 annotations: vec![],
-            },
-            node: Node {
+            }),
+            node: Some(Node {
                 name: "node-1".into(),
                 labels: labels(node_labels),
-            },
+            }),
             nics: vec![Nic {
                 interface: "eth0".into(),
                 multus_name: String::new(),

@@ -149,7 +149,9 @@ fn lib_rs(name: &str, type_name: &str) -> String {
 //! scenario under `scenarios/` for each behaviour you change (docs/policy-authoring.md in the
 //! allot checkout).
 
-use allot_policy_sdk::{{Acquisition, Context, DecisionError, IpFamily, Nic, Policy, Rejection}};
+use allot_policy_sdk::{{
+    Acquisition, AddressHint, Context, DecisionError, IpFamily, Nic, Policy, Rejection,
+}};
 
 pub struct {type_name};
 
@@ -167,6 +169,19 @@ impl Policy for {type_name} {{
     /// The survivors, best first (keep the sort stable).
     fn sort(ctx: &Context, nic: &Nic, family: IpFamily, order: &mut [u32]) {{
         allot_policy_default::sort(ctx, nic, family, order)
+    }}
+
+    /// The address the NIC must get in `family`, if the policy names one (the pod's given-address
+    /// annotations, by default); `None` lets the host pick. The host honours it only inside a
+    /// pool of `order`, and otherwise fails the NIC saying why: derive one from a label or an
+    /// ordinal here to give pods addresses of your own.
+    fn address(
+        ctx: &Context,
+        nic: &Nic,
+        family: IpFamily,
+        order: &[u32],
+    ) -> Result<Option<AddressHint>, DecisionError> {{
+        allot_policy_default::address(ctx, nic, family, order)
     }}
 }}
 

@@ -1,5 +1,6 @@
 //! Admission: an AdmissionReview's request in, allowed or denied out, for IPPool, Subnet,
-//! ReservedIP, IPAMPool and IPAMAllocation.
+//! ReservedIP, IPAMPool and IPAMAllocation, and for StatefulSets that declare addresses
+//! ([`declared`]).
 //!
 //! Every rule is core's or the fleet module's, never written again here: one object is checked by
 //! the same `TryFrom` (`from_spec`) as the agent and the standalone loader; an edit against the
@@ -25,6 +26,8 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde::de::DeserializeOwned;
 use serde_json::json;
+
+mod declared;
 
 /// Budget of the reads one admission makes; the configuration's `timeoutSeconds` is 5.
 const READ_TIMEOUT: Duration = Duration::from_secs(4);
@@ -87,9 +90,13 @@ impl Lookup {
 
     /// Every claim, by pool.
     async fn held(&self) -> Result<BTreeMap<String, Held>, LookupError> {
+        Ok(edit::held_by_pool(self.claims().await?))
+    }
+
+    /// Every claim.
+    async fn claims(&self) -> Result<Vec<allot_core::store::Claim>, LookupError> {
         let store = self.store.clone();
-        let claims = tokio::task::spawn_blocking(move || store.all()).await??;
-        Ok(edit::held_by_pool(claims))
+        Ok(tokio::task::spawn_blocking(move || store.all()).await??)
     }
 
     /// Every object of a kind that reads as `K`, in pages. Read untyped and decoded one by one,
@@ -200,7 +207,9 @@ pub async fn validate(
     request: &AdmissionRequest<DynamicObject>,
     lookup: &Lookup,
 ) -> AdmissionResponse {
-    let verdict = if request.kind.group != GROUP {
+    let verdict = if request.kind.group == "apps" && request.kind.kind == "StatefulSet" {
+        declared::statefulset(request, lookup).await
+    } else if request.kind.group != GROUP {
         Verdict::default()
     } else {
         match request.kind.kind.as_str() {

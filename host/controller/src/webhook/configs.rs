@@ -17,7 +17,9 @@
 //! - `matchPolicy: Equivalent` with version `v1alpha1`: a later version of the CRDs is
 //!   converted to the one this code decodes.
 //! - Only writes of pools, subnets, reserved addresses and fleet objects are matched: never
-//!   IPBlocks or Endpoints (the agents' hot path), never status subresources.
+//!   IPBlocks or Endpoints (the agents' hot path), never status subresources; and of
+//!   StatefulSets whose pod template declares addresses (`ipam.allot.dev/ordinal-ips`, a match
+//!   condition: every other StatefulSet is admitted without asking this webhook).
 //! - Owned by a cluster-scoped object of the installation (the chart's ClusterRole
 //!   `allot-controller`, `--webhook-owner`): whatever takes the installation away (`helm
 //!   uninstall`, with or without its hooks) takes the configurations with it through the
@@ -29,8 +31,8 @@ use std::fmt::Debug;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -101,30 +103,64 @@ fn meta(target: &Target) -> ObjectMeta {
 pub fn validating(target: &Target, bundle: &[u8]) -> ValidatingWebhookConfiguration {
     ValidatingWebhookConfiguration {
         metadata: meta(target),
-        webhooks: Some(vec![ValidatingWebhook {
-            name: VALIDATING_WEBHOOK.into(),
-            admission_review_versions: vec!["v1".into()],
-            client_config: client_config(target, VALIDATE_PATH, bundle),
-            failure_policy: Some("Fail".into()),
-            match_policy: Some("Equivalent".into()),
-            side_effects: "None".into(),
-            timeout_seconds: Some(VALIDATE_TIMEOUT_SECONDS),
-            namespace_selector: Some(LabelSelector::default()),
-            object_selector: Some(LabelSelector::default()),
-            rules: Some(vec![
-                rule(
-                    &["CREATE", "UPDATE", "DELETE"],
-                    &["ippools", "subnets", "ipampools"],
-                    "Cluster",
-                ),
-                // Deleting a reservation or an allocation is always allowed.
-                rule(&["CREATE", "UPDATE"], &["reservedips"], "Cluster"),
-                rule(&["CREATE", "UPDATE"], &["ipamallocations"], "Namespaced"),
-            ]),
-            match_conditions: None,
-        }]),
+        webhooks: Some(vec![
+            ValidatingWebhook {
+                name: VALIDATING_WEBHOOK.into(),
+                admission_review_versions: vec!["v1".into()],
+                client_config: client_config(target, VALIDATE_PATH, bundle),
+                failure_policy: Some("Fail".into()),
+                match_policy: Some("Equivalent".into()),
+                side_effects: "None".into(),
+                timeout_seconds: Some(VALIDATE_TIMEOUT_SECONDS),
+                namespace_selector: Some(LabelSelector::default()),
+                object_selector: Some(LabelSelector::default()),
+                rules: Some(vec![
+                    rule(
+                        &["CREATE", "UPDATE", "DELETE"],
+                        &["ippools", "subnets", "ipampools"],
+                        "Cluster",
+                    ),
+                    // Deleting a reservation or an allocation is always allowed.
+                    rule(&["CREATE", "UPDATE"], &["reservedips"], "Cluster"),
+                    rule(&["CREATE", "UPDATE"], &["ipamallocations"], "Namespaced"),
+                ]),
+                match_conditions: None,
+            },
+            ValidatingWebhook {
+                // StatefulSets that declare addresses, and only those (the match condition): no
+                // other StatefulSet write waits for this controller.
+                name: STATEFULSET_WEBHOOK.into(),
+                admission_review_versions: vec!["v1".into()],
+                client_config: client_config(target, VALIDATE_PATH, bundle),
+                failure_policy: Some("Fail".into()),
+                match_policy: Some("Equivalent".into()),
+                side_effects: "None".into(),
+                timeout_seconds: Some(VALIDATE_TIMEOUT_SECONDS),
+                namespace_selector: Some(LabelSelector::default()),
+                object_selector: Some(LabelSelector::default()),
+                rules: Some(vec![RuleWithOperations {
+                    api_groups: Some(vec!["apps".into()]),
+                    api_versions: Some(vec!["v1".into()]),
+                    operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                    resources: Some(vec!["statefulsets".into()]),
+                    scope: Some("Namespaced".into()),
+                }]),
+                match_conditions: Some(vec![MatchCondition {
+                    name: "declares-addresses".into(),
+                    expression: DECLARES_ADDRESSES.into(),
+                }]),
+            },
+        ]),
     }
 }
+
+/// The webhook that checks StatefulSets' declared addresses.
+pub const STATEFULSET_WEBHOOK: &str = "statefulsets.validate.allot.dev";
+
+/// CEL: the StatefulSet's pod template carries `ipam.allot.dev/ordinal-ips`.
+const DECLARES_ADDRESSES: &str = "has(object.spec.template.metadata) && \
+    has(object.spec.template.metadata.annotations) && \
+    'ipam.allot.dev/ordinal-ips' in object.spec.template.metadata.annotations";
 
 /// The mutating configuration this controller serves, trusting `bundle`.
 pub fn mutating(target: &Target, bundle: &[u8]) -> MutatingWebhookConfiguration {

@@ -55,6 +55,8 @@ pub(super) struct State {
     /// claim is not made cools on.
     taken_cooling: HashMap<IpAddr, u64>,
     cooldown: u64,
+    /// The ReservedIPs in force, to name the one that keeps a given address from a pod.
+    pub reserved: Vec<Reserved>,
 }
 
 /// What [`State::build`] needs besides the new objects.
@@ -85,6 +87,7 @@ impl State {
             in_flight: HashSet::new(),
             taken_cooling: HashMap::new(),
             cooldown,
+            reserved: Vec::new(),
         }
     }
 
@@ -184,6 +187,7 @@ impl State {
             in_flight: HashSet::new(),
             taken_cooling: HashMap::new(),
             cooldown: carried.cooldown,
+            reserved: reserved.to_vec(),
         };
 
         // Retired versions: a claim the pool in force (by name) no longer holds is served by
@@ -270,6 +274,21 @@ impl State {
         self.in_flight.insert(addr);
         self.taken_cooling.insert(addr, until);
         Some(addr)
+    }
+
+    /// Takes `addr` of pool `i` out of the cooling ones and marks it in flight, if it is
+    /// cooling down there.
+    pub fn take_cooling_exact(&mut self, i: usize, addr: IpAddr) -> bool {
+        let Some(&until) = self.cooling.get(&addr) else {
+            return false;
+        };
+        if !self.pools[i].cooling.remove(&(until, addr)) {
+            return false;
+        }
+        self.cooling.remove(&addr);
+        self.in_flight.insert(addr);
+        self.taken_cooling.insert(addr, until);
+        true
     }
 
     /// Puts free `addr` of pool `i` among the cooling ones, until `until`.

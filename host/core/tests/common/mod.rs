@@ -15,7 +15,8 @@ use allot_core::spec::{IpPoolSpec, ObjectMeta, RouteSpec};
 use allot_core::store::{Attachment, Clock, MemoryStore, Store};
 use allot_core::{IpFamily, PolicyErrorKind, Pool};
 
-/// Candidates: the CNI default pools of each family, in order; exhausted ones dropped.
+/// Candidates: the CNI default pools of each family, in order; exhausted ones dropped. A pod
+/// annotated `given-ipv4` / `given-ipv6` is given that address (contract 0.3.0's hint).
 pub struct CniDefaultsPolicy;
 
 impl Policy for CniDefaultsPolicy {
@@ -51,6 +52,14 @@ impl Policy for CniDefaultsPolicy {
                 candidates,
                 order,
                 dropped,
+                address: req
+                    .pod
+                    .annotations
+                    .get(&format!("given-{family}"))
+                    .map(|a| allot_core::policy::AddressHint {
+                        address: a.clone(),
+                        source: format!("pod annotation given-{family}"),
+                    }),
             });
         }
         Ok(Decision {

@@ -41,6 +41,7 @@ impl Policy for CniDefaultsPolicy {
                         candidates: order.clone(),
                         order: order.clone(),
                         dropped: vec![],
+                        address: None,
                     }],
                 })
                 .collect(),

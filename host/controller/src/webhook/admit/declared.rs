@@ -1,0 +1,124 @@
+//! A StatefulSet's declared addresses (`ipam.allot.dev/ordinal-ips` on its pod template):
+//! refused when the list cannot be read, or when an address is outside the pools the template
+//! allows, cannot be handed out by its pool, is reserved for someone else, or is held by a pod
+//! that is not the StatefulSet's own ([`allot_core::declared::refusals`] decides). The
+//! configuration matches only StatefulSets carrying the annotation (a match condition), so no
+//! other StatefulSet write ever waits for this webhook.
+
+use allot_core::declared::{Against, For, refusals};
+use allot_core::{IpFamily, Pool, Reserved};
+use allot_k8s::{IPPool, ReservedIP};
+use allot_policy_sdk::annotations::{self, Selection};
+use allot_policy_sdk::types::Label;
+use allot_policy_sdk::{addresses, wildcard};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::api::DynamicObject;
+use kube::core::admission::AdmissionRequest;
+
+use super::{Lookup, Verdict};
+
+pub(super) async fn statefulset(
+    request: &AdmissionRequest<DynamicObject>,
+    lookup: &Lookup,
+) -> Verdict {
+    let Some(object) = &request.object else {
+        return Verdict::default();
+    };
+    let set: StatefulSet = match serde_json::to_value(object).and_then(serde_json::from_value) {
+        Ok(s) => s,
+        Err(e) => return Verdict::refuse(format!("the StatefulSet cannot be read: {e}")),
+    };
+    let labels: Vec<Label> = set
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| Label {
+            key: k.clone(),
+            value: v.clone(),
+        })
+        .collect();
+    let lists = match addresses::declared(&labels) {
+        Ok(Some(lists)) => lists,
+        Ok(None) => return Verdict::default(),
+        Err(e) => return Verdict::refuse(e.message),
+    };
+    let mut entries: Vec<(IpFamily, Vec<String>)> =
+        vec![(IpFamily::V4, vec![]), (IpFamily::V6, vec![])];
+    for list in lists {
+        entries[0].1.extend(list.ipv4);
+        entries[1].1.extend(list.ipv6);
+    }
+    let named = match named_pools(&labels) {
+        Ok(named) => named,
+        Err(why) => return Verdict::refuse(why),
+    };
+    let read = tokio::try_join!(
+        lookup.listed::<IPPool>("ippools"),
+        lookup.listed::<ReservedIP>("reservedips"),
+        lookup.claims()
+    );
+    let (pools, reserved, claims) = match read {
+        Ok(r) => r,
+        Err(e) => return Verdict::cannot_check(&e),
+    };
+    let pools: Vec<Pool> = pools
+        .iter()
+        .filter_map(|p| Pool::try_from(p).ok())
+        .collect();
+    let reserved: Vec<Reserved> = reserved
+        .iter()
+        .filter_map(|r| Reserved::try_from(r).ok())
+        .collect();
+    // Wildcards in the template's pool names, resolved against the pools there are.
+    let allowed: Option<Vec<String>> = named.map(|names| {
+        pools
+            .iter()
+            .map(|p| p.name().to_string())
+            .filter(|p| {
+                names
+                    .iter()
+                    .any(|n| n == p || (wildcard::is_pattern(n) && wildcard::matches(n, p)))
+            })
+            .collect()
+    });
+    let owner = For::statefulset(
+        set.metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(&request.namespace.clone().unwrap_or_default()),
+        set.metadata.name.as_deref().unwrap_or(&request.name),
+    );
+    let against = Against {
+        pools: &pools,
+        reserved: &reserved,
+        claims: &claims,
+        allowed: allowed.as_deref(),
+    };
+    Verdict::refusals(
+        refusals(&owner, &entries, &against)
+            .into_iter()
+            .map(|r| format!("{}: {r}", addresses::ORDINAL_IPS)),
+    )
+}
+
+/// The pool names the template's `ippools` / `ippool` annotation lists (every interface), or
+/// `None` when it names none.
+fn named_pools(labels: &[Label]) -> Result<Option<Vec<String>>, String> {
+    let selections: Vec<Selection> =
+        if let Some(found) = annotations::find(labels, annotations::IPPOOLS) {
+            annotations::selections(found).map_err(|e| e.message)?
+        } else if let Some(found) = annotations::find(labels, annotations::IPPOOL) {
+            vec![annotations::selection(found).map_err(|e| e.message)?]
+        } else {
+            return Ok(None);
+        };
+    Ok(Some(
+        selections
+            .into_iter()
+            .flat_map(|s| s.ipv4.into_iter().chain(s.ipv6))
+            .collect(),
+    ))
+}

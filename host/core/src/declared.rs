@@ -1,0 +1,453 @@
+//! Addresses a StatefulSet declares for its ordinals (`ipam.allot.dev/ordinal-ips` on its pod
+//! template), reserved for it while it exists.
+//!
+//! The controller keeps one ReservedIP per StatefulSet and IP family listing what it declares,
+//! labelled with the StatefulSet ([`labels`]). A ReservedIP keeps every other pod off those
+//! addresses (no pool hands them out, no auto pool carves them, a given address among them is
+//! refused), across scale-down and back up, while the StatefulSet's own pods are given theirs by
+//! ordinal ([`reserved_for`] lets the engine tell the two apart). Deleting the StatefulSet
+//! deletes the ReservedIPs: the addresses are free again. Spiderpool keeps a StatefulSet's
+//! addresses only across restarts of one pod (spiderpool#3488, #3893: not across scale-down).
+
+use std::collections::BTreeMap;
+
+use crate::addr::{AddrSet, IpFamily};
+use crate::pool::{Pool, Reserved};
+use crate::store::Claim;
+
+/// Labels of a ReservedIP the controller keeps for a workload's declared addresses.
+pub mod labels {
+    pub const KIND: &str = "ipam.allot.dev/reserved-for-kind";
+    pub const NAMESPACE: &str = "ipam.allot.dev/reserved-for-namespace";
+    pub const NAME: &str = "ipam.allot.dev/reserved-for-name";
+}
+
+/// The workload a ReservedIP is kept for.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct For {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl For {
+    pub fn statefulset(namespace: &str, name: &str) -> For {
+        For {
+            kind: "StatefulSet".into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The labels that mark a ReservedIP as kept for this workload.
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (labels::KIND.to_string(), self.kind.clone()),
+            (labels::NAMESPACE.to_string(), self.namespace.clone()),
+            (labels::NAME.to_string(), self.name.clone()),
+        ])
+    }
+
+    /// The name of its ReservedIP for `family`: `statefulset.<namespace>.<name>.ipv4`. Namespace
+    /// and StatefulSet names are DNS labels (at most 63 characters, no dots), so the name is a
+    /// valid, unique DNS subdomain.
+    pub fn reservation_name(&self, family: IpFamily) -> String {
+        format!(
+            "{}.{}.{}.{family}",
+            self.kind.to_ascii_lowercase(),
+            self.namespace,
+            self.name
+        )
+    }
+}
+
+/// The workload a ReservedIP was kept for, from its labels.
+pub fn reserved_for(labels: &BTreeMap<String, String>) -> Option<For> {
+    Some(For {
+        kind: labels.get(labels::KIND)?.clone(),
+        namespace: labels.get(labels::NAMESPACE)?.clone(),
+        name: labels.get(labels::NAME)?.clone(),
+    })
+}
+
+/// Whether `reserved` keeps `address` for the pod of `namespace` whose top-level owner is
+/// `owner` (kind, name): every live ReservedIP that lists the address is kept for that owner.
+pub fn reserved_for_pod(
+    reserved: &[Reserved],
+    address: std::net::IpAddr,
+    namespace: &str,
+    owner: Option<(&str, &str)>,
+) -> bool {
+    let Some((kind, name)) = owner else {
+        return false;
+    };
+    let mut holders = reserved
+        .iter()
+        .filter(|r| r.reserves() && r.ips.contains(address))
+        .peekable();
+    holders.peek().is_some()
+        && holders.all(|r| {
+            reserved_for(&r.meta.labels)
+                .is_some_and(|f| f.kind == kind && f.namespace == namespace && f.name == name)
+        })
+}
+
+/// A ReservedIP as the controller wants it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub name: String,
+    pub owner: For,
+    pub family: IpFamily,
+    /// The declared entries (addresses and ranges), in the order written, without repeats.
+    pub ips: Vec<String>,
+}
+
+/// One write of a pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Create or update (server-side apply) the ReservedIP.
+    Apply(Wanted),
+    /// Delete the ReservedIP `name`: its workload is gone or declares nothing of its family.
+    Delete { name: String, owner: For },
+}
+
+/// What is kept now: a ReservedIP labelled for a workload, with what it reserves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    pub name: String,
+    pub owner: For,
+    /// `None`: nothing of it can be read (applied again).
+    pub ips: Option<AddrSet>,
+    pub deleting: bool,
+}
+
+/// The writes that make the kept ReservedIPs what the workloads declare: `declared` maps each
+/// workload that declares addresses (and is not being deleted) to its entries per family.
+/// ReservedIPs carrying the labels of a workload not in `declared` are deleted; nothing else is
+/// ever touched.
+pub fn plan(declared: &BTreeMap<For, [Vec<String>; 2]>, kept: &[Kept]) -> Vec<Action> {
+    let mut actions = Vec::new();
+    let mut wanted_names = std::collections::BTreeSet::new();
+    for (owner, per_family) in declared {
+        for (family, entries) in [IpFamily::V4, IpFamily::V6].into_iter().zip(per_family) {
+            if entries.is_empty() {
+                continue;
+            }
+            let name = owner.reservation_name(family);
+            wanted_names.insert(name.clone());
+            let mut ips: Vec<String> = Vec::with_capacity(entries.len());
+            for e in entries {
+                if !ips.contains(e) {
+                    ips.push(e.clone());
+                }
+            }
+            let set = AddrSet::parse_entries_lenient(family, &ips).0;
+            let current = kept.iter().find(|k| k.name == name);
+            if current.is_none_or(|k| k.ips.as_ref() != Some(&set) || &k.owner != owner) {
+                actions.push(Action::Apply(Wanted {
+                    name,
+                    owner: owner.clone(),
+                    family,
+                    ips,
+                }));
+            }
+        }
+    }
+    for k in kept {
+        if !wanted_names.contains(&k.name) && !k.deleting {
+            actions.push(Action::Delete {
+                name: k.name.clone(),
+                owner: k.owner.clone(),
+            });
+        }
+    }
+    actions
+}
+
+/// Addresses a StatefulSet may declare at most (the admission webhook checks each).
+pub const MAX_DECLARED: u64 = 4096;
+
+/// What the admission webhook checks a StatefulSet's declared addresses against.
+pub struct Against<'a> {
+    pub pools: &'a [Pool],
+    pub reserved: &'a [Reserved],
+    pub claims: &'a [Claim],
+    /// Names of the pools the pod template's `ippool` / `ippools` annotations allow (wildcards
+    /// resolved); `None` when it names none (then any pool may be allowed, by the namespace's or
+    /// the cluster's defaults).
+    pub allowed: Option<&'a [String]>,
+}
+
+/// Why `owner`'s declared addresses (`entries` per family) cannot be its: every address must be
+/// inside an allowed IPPool that may hand it out (in its ips, not excluded, not its gateway),
+/// reserved by no ReservedIP but the StatefulSet's own, and held by no pod but the
+/// StatefulSet's own. Empty when they can.
+pub fn refusals(
+    owner: &For,
+    entries: &[(IpFamily, Vec<String>)],
+    against: &Against,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut sets = Vec::new();
+    for (family, list) in entries {
+        match AddrSet::parse_entries(*family, list) {
+            Ok(set) => sets.push(set),
+            Err(e) => out.push(format!("{family} list {list:?}: {e}")),
+        }
+    }
+    let total: u64 = sets.iter().map(AddrSet::len).sum();
+    if total > MAX_DECLARED {
+        out.push(format!(
+            "it declares {total} addresses; at most {MAX_DECLARED} are checked and kept"
+        ));
+        return out;
+    }
+    let claims: BTreeMap<std::net::IpAddr, &Claim> =
+        against.claims.iter().map(|c| (c.address, c)).collect();
+    let allowed = |pool: &Pool| {
+        against
+            .allowed
+            .is_none_or(|names| names.iter().any(|n| n == pool.name()))
+    };
+    for address in sets.iter().flat_map(AddrSet::iter) {
+        let family = IpFamily::of(address);
+        let mut in_pools = against
+            .pools
+            .iter()
+            .filter(|p| p.family == family && p.ips.contains(address));
+        let Some(pool) = in_pools.find(|p| allowed(p)) else {
+            let also = against
+                .pools
+                .iter()
+                .find(|p| p.family == family && p.ips.contains(address));
+            out.push(match also {
+                Some(p) => format!(
+                    "{address} is in IPPool {}, which the pod template's ippool/ippools \
+                     annotation does not allow",
+                    p.name()
+                ),
+                None => format!("{address} is in no IPPool"),
+            });
+            continue;
+        };
+        if pool.spec.disable || pool.terminating() {
+            out.push(format!(
+                "{address} is in IPPool {}, which is disabled or being deleted",
+                pool.name()
+            ));
+            continue;
+        }
+        if pool.gateway == Some(address) {
+            out.push(format!(
+                "{address} is the gateway of IPPool {}",
+                pool.name()
+            ));
+            continue;
+        }
+        if !pool.allocatable().contains(address) {
+            out.push(format!("{address} is excluded by IPPool {} (excludeIPs, or its subnet's network or broadcast address)", pool.name()));
+            continue;
+        }
+        if let Some(r) = against.reserved.iter().find(|r| {
+            r.reserves()
+                && r.ips.contains(address)
+                && reserved_for(&r.meta.labels).as_ref() != Some(owner)
+        }) {
+            out.push(format!(
+                "{address} is reserved by ReservedIP {}",
+                r.meta.name
+            ));
+            continue;
+        }
+        if let Some(c) = claims.get(&address) {
+            let own = c.pod.namespace == owner.namespace
+                && c.pod.owner_kind.as_deref() == Some(owner.kind.as_str())
+                && c.pod.owner_name.as_deref() == Some(owner.name.as_str());
+            if !own {
+                out.push(format!(
+                    "{address} is held by pod {}/{}",
+                    c.pod.namespace, c.pod.name
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{ObjectMeta, ReservedIpSpec};
+
+    fn kept(owner: &For, family: IpFamily, ips: &[&str]) -> Kept {
+        Kept {
+            name: owner.reservation_name(family),
+            owner: owner.clone(),
+            ips: Some(AddrSet::parse_entries(family, ips).unwrap()),
+            deleting: false,
+        }
+    }
+
+    #[test]
+    fn a_declared_list_is_kept_while_its_statefulset_declares_it() {
+        let db = For::statefulset("team-a", "db");
+        let declared = BTreeMap::from([(
+            db.clone(),
+            [vec!["192.0.2.10-192.0.2.12".to_string()], vec![]],
+        )]);
+        // Nothing kept yet: one ReservedIP, for IPv4 only.
+        let actions = plan(&declared, &[]);
+        assert_eq!(actions.len(), 1);
+        let Action::Apply(w) = &actions[0] else {
+            panic!("{actions:?}")
+        };
+        assert_eq!(w.name, "statefulset.team-a.db.ipv4");
+        assert_eq!(w.ips, vec!["192.0.2.10-192.0.2.12"]);
+        // Kept as declared (however written): nothing to do (scaling the StatefulSet changes
+        // nothing here).
+        let now = [kept(
+            &db,
+            IpFamily::V4,
+            &["192.0.2.10", "192.0.2.11-192.0.2.12"],
+        )];
+        assert!(plan(&declared, &now).is_empty());
+        // The list changes: applied again.
+        let grown = BTreeMap::from([(
+            db.clone(),
+            [vec!["192.0.2.10-192.0.2.14".to_string()], vec![]],
+        )]);
+        assert!(matches!(plan(&grown, &now)[..], [Action::Apply(_)]));
+        // The StatefulSet is gone: its ReservedIP is deleted; an unrelated one never is.
+        assert_eq!(
+            plan(&BTreeMap::new(), &now),
+            vec![Action::Delete {
+                name: "statefulset.team-a.db.ipv4".into(),
+                owner: db.clone()
+            }]
+        );
+    }
+
+    #[test]
+    fn only_the_statefulsets_own_pods_pass_its_reservation() {
+        let db = For::statefulset("team-a", "db");
+        let mut meta = ObjectMeta {
+            name: db.reservation_name(IpFamily::V4),
+            ..Default::default()
+        };
+        meta.labels = db.labels();
+        let kept = Reserved::from_spec(
+            meta,
+            ReservedIpSpec {
+                ip_version: Some(4),
+                ips: vec!["192.0.2.10-192.0.2.12".into()],
+            },
+        )
+        .unwrap();
+        let other = Reserved::from_spec(
+            ObjectMeta {
+                name: "routers".into(),
+                ..Default::default()
+            },
+            ReservedIpSpec {
+                ip_version: Some(4),
+                ips: vec!["192.0.2.12".into()],
+            },
+        )
+        .unwrap();
+        let a = |s: &str| s.parse().unwrap();
+        let both = [kept.clone(), other];
+        let db_pod = Some(("StatefulSet", "db"));
+        assert!(reserved_for_pod(&both, a("192.0.2.10"), "team-a", db_pod));
+        assert!(!reserved_for_pod(&both, a("192.0.2.10"), "team-b", db_pod));
+        assert!(!reserved_for_pod(
+            &both,
+            a("192.0.2.10"),
+            "team-a",
+            Some(("StatefulSet", "web"))
+        ));
+        assert!(!reserved_for_pod(&both, a("192.0.2.10"), "team-a", None));
+        // Also reserved by a ReservedIP of someone else's: nobody gets it.
+        assert!(!reserved_for_pod(&both, a("192.0.2.12"), "team-a", db_pod));
+        // Not reserved at all: not this rule's business.
+        assert!(!reserved_for_pod(&both, a("192.0.2.50"), "team-a", db_pod));
+    }
+
+    #[test]
+    fn the_webhook_refuses_addresses_outside_the_pools_or_held_by_someone_else() {
+        use crate::spec::IpPoolSpec;
+        use crate::store::{Claim, PodRef};
+        let pool = Pool::from_spec(
+            ObjectMeta {
+                name: "db-pool".into(),
+                ..Default::default()
+            },
+            IpPoolSpec {
+                subnet: "192.0.2.0/24".into(),
+                ips: vec!["192.0.2.10-192.0.2.50".into()],
+                exclude_ips: vec!["192.0.2.13".into()],
+                gateway: Some("192.0.2.1".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let db = For::statefulset("team-a", "db");
+        let claim = |address: &str, pod: &str, owner: &str| Claim {
+            address: address.parse().unwrap(),
+            pool: "db-pool".into(),
+            network: "net".into(),
+            attachment: None,
+            pod: PodRef {
+                namespace: "team-a".into(),
+                name: pod.into(),
+                uid: String::new(),
+                owner_kind: Some("StatefulSet".into()),
+                owner_name: Some(owner.into()),
+            },
+            node: String::new(),
+            updated_at: 0,
+        };
+        let claims = [
+            claim("192.0.2.10", "db-0", "db"),
+            claim("192.0.2.11", "web-0", "web"),
+        ];
+        let pools = [pool];
+        let against = Against {
+            pools: &pools,
+            reserved: &[],
+            claims: &claims,
+            allowed: None,
+        };
+        let check = |list: &[&str]| {
+            refusals(
+                &db,
+                &[(IpFamily::V4, list.iter().map(|s| s.to_string()).collect())],
+                &against,
+            )
+        };
+        // Its own pod's address is fine (a list re-applied while the StatefulSet runs).
+        assert!(check(&["192.0.2.10", "192.0.2.20-192.0.2.22"]).is_empty());
+        assert_eq!(
+            check(&["192.0.2.11"]),
+            ["192.0.2.11 is held by pod team-a/web-0"]
+        );
+        assert_eq!(check(&["198.51.100.7"]), ["198.51.100.7 is in no IPPool"]);
+        assert!(check(&["192.0.2.13"])[0].contains("excluded by IPPool db-pool"));
+        let named = ["other".to_string()];
+        let only_other = Against {
+            allowed: Some(&named),
+            ..against
+        };
+        let r = refusals(
+            &db,
+            &[(IpFamily::V4, vec!["192.0.2.20".into()])],
+            &only_other,
+        );
+        assert!(r[0].contains("does not allow"), "{r:?}");
+        let r = refusals(
+            &db,
+            &[(IpFamily::V4, vec!["192.0.2.0-192.0.255.255".into()])],
+            &only_other,
+        );
+        assert!(r[0].contains("at most 4096"), "{r:?}");
+    }
+}
