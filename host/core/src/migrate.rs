@@ -165,6 +165,8 @@ pub struct Inputs<'a> {
     pub subnets: &'a [PeerObject<SubnetSpec>],
     pub reserved: &'a [PeerObject<ReservedIpSpec>],
     pub records: &'a [Record],
+    /// Objects of the peer's that could not be decoded, and why: each is a refusal.
+    pub unreadable: &'a [(String, String)],
     pub pods: &'a [LivePod],
     pub current: &'a Current,
     /// Unix seconds, the claims' `updated_at`.
@@ -276,7 +278,11 @@ pub enum Refusal {
 
 /// Plans the migration of what `inputs` describe, or says why it cannot be done.
 pub fn plan(inputs: &Inputs) -> Result<Plan, Vec<Refusal>> {
-    let mut refusals = Vec::new();
+    let mut refusals: Vec<Refusal> = inputs
+        .unreadable
+        .iter()
+        .map(|(object, why)| unreadable(object, why))
+        .collect();
     let mut plan = Plan {
         reserved: plan_reserved(inputs, &mut refusals),
         subnets: plan_subnets(inputs, &mut refusals),

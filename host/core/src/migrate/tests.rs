@@ -69,6 +69,7 @@ struct World {
     subnets: Vec<PeerObject<SubnetSpec>>,
     reserved: Vec<PeerObject<ReservedIpSpec>>,
     records: Vec<Record>,
+    unreadable: Vec<(String, String)>,
     pods: Vec<LivePod>,
     current: Current,
 }
@@ -102,6 +103,7 @@ impl World {
                 sts,
                 sts_v6,
             ],
+            unreadable: Vec::new(),
             pods: vec![
                 live("web-a", "uid-a", &["192.0.2.10", "2001:db8::10"]),
                 live("db-0", "uid-db-0", &["192.0.2.11", "2001:db8::11"]),
@@ -117,6 +119,7 @@ impl World {
             subnets: &self.subnets,
             reserved: &self.reserved,
             records: &self.records,
+            unreadable: &self.unreadable,
             pods: &self.pods,
             current: &self.current,
             now: 1_000,
@@ -325,6 +328,10 @@ fn a_pool_shape_allot_refuses_is_named() {
         labels: BTreeMap::new(),
         spec: Err("spec: unknown field `vlan`".into()),
     });
+    world.unreadable.push((
+        "SpiderEndpoint web/x".into(),
+        "status.current.ips[0].ipv4 `x` is not an address".into(),
+    ));
     let refusals = messages(&world.plan().unwrap_err());
     assert!(
         refusals.iter().any(
@@ -337,6 +344,12 @@ fn a_pool_shape_allot_refuses_is_named() {
         refusals
             .iter()
             .any(|r| r.contains("SpiderIPPool broken cannot be read: spec: unknown field")),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals
+            .iter()
+            .any(|r| r == "SpiderEndpoint web/x cannot be read: status.current.ips[0].ipv4 `x` is not an address"),
         "{refusals:?}"
     );
 }
