@@ -534,6 +534,24 @@ fn whereabouts_ipam_sections_read_their_ranges() {
     assert_eq!(spec.exclude_ips, ["10.0.0.0/28"]);
     assert_eq!(spec.gateway.as_deref(), Some("10.0.0.1"));
     assert_eq!(config.network_name(), "blue");
+    let v6 = ranges[1].pool_spec(config.gateway.as_deref(), &config.routes);
+    assert_eq!(v6.gateway, None, "the IPv4 gateway is not the IPv6 range's");
+    let routed: IpamConfig = serde_yaml::from_str(
+        r#"{"type":"whereabouts","range":"10.0.0.0/24","gateway":"10.0.0.1",
+            "routes":[{"dst":"10.9.0.0/16"},{"dst":"fd00:9::/64","gw":"fd00::1"},
+                      {"dst":"10.8.0.0/16","gw":"10.0.0.254"}]}"#,
+    )
+    .unwrap();
+    let spec = routed.ranges().unwrap()[0].pool_spec(routed.gateway.as_deref(), &routed.routes);
+    let routes: Vec<(&str, &str)> = spec
+        .routes
+        .iter()
+        .map(|r| (r.dst.as_str(), r.gw.as_str()))
+        .collect();
+    assert_eq!(
+        routes,
+        [("10.9.0.0/16", "10.0.0.1"), ("10.8.0.0/16", "10.0.0.254")]
+    );
     let sliced: IpamConfig = serde_yaml::from_str(
         r#"{"type":"whereabouts","range":"10.0.0.0/16","node_slice_size":"/22"}"#,
     )

@@ -176,9 +176,34 @@ impl Range {
         })
     }
 
-    /// The spec of the allot pool that hands out what this range does.
+    /// The spec of the allot pool that hands out what this range does. Whereabouts puts its one
+    /// `gateway` and every route on each address it hands out, whatever their family; a pool
+    /// takes those of its own family (a route without `gw` goes through the gateway, as a CNI
+    /// route without one does).
     pub fn pool_spec(&self, gateway: Option<&str>, routes: &[CniRoute]) -> IpPoolSpec {
         let family = IpFamily::of_net(&self.net);
+        let of_family = |a: &str| {
+            a.trim()
+                .parse::<IpAddr>()
+                .is_ok_and(|a| IpFamily::of(a) == family)
+        };
+        let gateway = gateway.filter(|g| of_family(g)).map(str::to_string);
+        let routes = routes
+            .iter()
+            .filter(|r| {
+                r.dst
+                    .trim()
+                    .parse::<IpNet>()
+                    .is_ok_and(|n| IpFamily::of_net(&n) == family)
+            })
+            .filter_map(|r| {
+                let gw = r.gw.clone().or_else(|| gateway.clone())?;
+                Some(RouteSpec {
+                    dst: r.dst.clone(),
+                    gw,
+                })
+            })
+            .collect();
         IpPoolSpec {
             ip_version: Some(family.version()),
             subnet: self.net.to_string(),
@@ -188,16 +213,8 @@ impl Range {
                 format!("{}-{}", self.first, self.last)
             }],
             exclude_ips: self.exclude.clone(),
-            gateway: gateway.map(str::to_string).filter(|g| !g.is_empty()),
-            routes: routes
-                .iter()
-                .filter_map(|r| {
-                    Some(RouteSpec {
-                        dst: r.dst.clone(),
-                        gw: r.gw.clone()?,
-                    })
-                })
-                .collect(),
+            gateway,
+            routes,
             ..IpPoolSpec::default()
         }
     }
