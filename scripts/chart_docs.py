@@ -92,7 +92,8 @@ def check_dashboard(docs, agent_metrics, controller_metrics):
 # 7 -------------------------------------------------------------------------------------------
 DOC_SECTIONS = [("README.md", "## Install on a cluster"),
                 ("docs/chart.md", "## On a cluster: the Helm chart"),
-                ("docs/fleet.md", "### RBAC")]
+                ("docs/fleet.md", "### RBAC"),
+                ("docs/migration.md", "## The switch-over sequence")]
 
 
 def doc_commands(tool):

@@ -31,6 +31,11 @@ def rule_resources(docs, role):
     return {r for rule in find(docs, "ClusterRole", role)["rules"] for r in rule["resources"]}
 
 
+def rule_verbs(docs, role, resource):
+    return {v for rule in find(docs, "ClusterRole", role)["rules"]
+            if resource in rule["resources"] for v in rule["verbs"]}
+
+
 def cni_data(docs):
     return find(docs, "ConfigMap", "allot-cni")["data"]
 
@@ -202,8 +207,10 @@ def check_values():
         "controller.gc.intervalSeconds": lambda: cenv["ALLOT_GC_DEFAULT_INTERVAL_DURATION"] == "300",
         "controller.gc.graceSeconds": lambda: cenv["ALLOT_GC_GRACE_SECONDS"] == "90",
         "controller.gc.cleanOutdatedEndpoints": lambda: cenv["ALLOT_GC_CLEAN_OUTDATED_ENDPOINT"] == "true"
-        and "endpoints" in rule_resources(F, "allot-controller")
-        and "endpoints" not in rule_resources(D, "allot-controller"),
+        and "delete" in rule_verbs(F, "allot-controller", "endpoints")
+        and "delete" not in rule_verbs(D, "allot-controller", "endpoints"),
+        "controller.audit.intervalSeconds": lambda: has(ctrl, "--audit-interval-seconds=45")
+        and {"get", "list", "watch"} <= rule_verbs(D, "allot-controller", "endpoints"),
         "controller.autoPools.enabled": lambda: has(ctrl, "--auto-pools=false")
         and "deployments" not in rule_resources(F, "allot-controller")
         and "deployments" in rule_resources(D, "allot-controller"),

@@ -78,3 +78,7 @@ if ! command -v go >/dev/null 2>&1; then
     exit 1
 fi
 "$(dirname "$0")/build-upstream.sh"
+
+# The CRDs of Spiderpool and Whereabouts (and Multus's NetworkAttachmentDefinition) at pinned
+# releases, for the migration tests on the real control plane; cached outside the clone.
+"$(dirname "$0")/fetch-peer-crds.sh"

@@ -1,11 +1,14 @@
 //! allotctl: the command people type. `policy test|explain|bench` for policy authors.
 
+mod cluster;
 mod cni_cmd;
 mod crds_cmd;
 mod crds_delete;
 mod fleet_cmd;
 mod gc_cmd;
 mod harness;
+mod ipam_cmd;
+mod migrate_cmd;
 mod policy_cmd;
 mod scenario;
 mod store_cmd;
@@ -46,6 +49,14 @@ enum Command {
     Pool(store_cmd::PoolCommand),
     /// Leaked addresses: what garbage collection would release, and why (`--dry-run`).
     Gc(gc_cmd::GcCommand),
+    /// Carry a running cluster over from Spiderpool or Whereabouts, every pod keeping its
+    /// address (docs/migration.md).
+    #[command(subcommand)]
+    Migrate(migrate_cmd::MigrateCommand),
+    /// Audit a cluster's addresses online (check) and release what a report found leaked
+    /// (docs/audit.md).
+    #[command(subcommand)]
+    Ipam(ipam_cmd::IpamCommand),
     /// Fleet ranges: per-cluster ranges and prefixes from IPAMPools.
     #[command(subcommand)]
     Fleet(fleet_cmd::FleetCommand),
@@ -199,6 +210,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pool(c) => store_cmd::pool_command(&cli.store, c),
         Command::Fleet(c) => fleet_cmd::fleet_command(c),
         Command::Gc(c) => gc_cmd::gc_command(&cli.store, &c),
+        Command::Migrate(c) => migrate_cmd::migrate_command(&cli.store, &c),
+        Command::Ipam(c) => ipam_cmd::ipam_command(&cli.store, &c),
         Command::Crds {
             delete: true,
             wait_seconds,

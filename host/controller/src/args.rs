@@ -50,6 +50,15 @@ pub struct ControllerArgs {
     /// interval) and pool finalizers checked.
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     pub status_interval_seconds: u64,
+    /// How often the leader audits pods, Endpoints, claims and pool counts (drift metrics, and
+    /// an Event for a finding seen at two audits in a row); 0: never.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "ALLOT_AUDIT_INTERVAL_SECONDS",
+        default_value_t = 300
+    )]
+    pub audit_interval_seconds: u64,
     /// Delete the webhook configurations this controller made, and exit (for an uninstall
     /// hook: configurations that fail closed must not outlive the controller).
     #[arg(long)]

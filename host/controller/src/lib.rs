@@ -12,9 +12,12 @@
 //!   a pool with claims from disappearing.
 //! - [`webhook`]: the admission webhooks, served by every replica, with the certificate and the
 //!   webhook configurations the controller keeps itself.
+//! - [`audit`]: the online audit of pods, Endpoints, claims and pool counts: drift metrics and
+//!   Events, and `allotctl ipam check`'s findings.
 //! - [`uninstall`]: `--remove-webhook-configurations`, once no replica leads.
 
 pub mod args;
+pub mod audit;
 pub mod autopool;
 pub mod events;
 pub mod fleet;

@@ -1,5 +1,7 @@
-//! The controller's Prometheus metrics: what GC released and why, scans, leadership, pool usage.
+//! The controller's Prometheus metrics: what GC released and why, scans, leadership, pool usage,
+//! the audit's drift.
 
+use allot_core::audit::{KINDS, Report};
 use allot_core::gc::LeakReason;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -11,6 +13,11 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -35,6 +42,9 @@ pub struct Metrics {
     pub pool_allocated: Family<PoolLabel, Gauge>,
     pub pool_total: Family<PoolLabel, Gauge>,
     pub pool_status_writes: Counter,
+    /// Findings of the last audit, by kind (`allotctl ipam check` lists them).
+    pub ipam_drift: Family<KindLabel, Gauge>,
+    pub audits: Counter,
 }
 
 impl Default for Metrics {
@@ -59,8 +69,13 @@ impl Metrics {
             pool_allocated: Family::default(),
             pool_total: Family::default(),
             pool_status_writes: Counter::default(),
+            ipam_drift: Family::default(),
+            audits: Counter::default(),
             registry: Registry::default(),
         };
+        for kind in KINDS {
+            let _ = m.ipam_drift.get_or_create(&KindLabel { kind: kind.into() });
+        }
         for reason in LeakReason::ALL {
             // Every reason shows from the start, at 0, so that rate() works from the first scrape.
             let _ = m.gc_released.get_or_create(&ReasonLabel {
@@ -123,7 +138,30 @@ impl Metrics {
             "IPPool and Subnet status writes (counts changed)",
             m.pool_status_writes.clone(),
         );
+        registry.register(
+            "ipam_drift",
+            "Findings of the last audit by kind: leaked-claim, unclaimed-address, claimed-twice, \
+             endpoint-without-claim, pool-count (allotctl ipam check lists them)",
+            m.ipam_drift.clone(),
+        );
+        registry.register(
+            "ipam_audits",
+            "Audits run (pods, Endpoints, claims and pool counts compared)",
+            m.audits.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Records what an audit found.
+    pub fn audited(&self, report: &Report) {
+        self.audits.inc();
+        for (kind, n) in KINDS.iter().zip(report.counts()) {
+            self.ipam_drift
+                .get_or_create(&KindLabel {
+                    kind: (*kind).into(),
+                })
+                .set(n as i64);
+        }
     }
 
     pub fn released(&self, reason: LeakReason) {

@@ -23,7 +23,8 @@ use crate::metrics::Metrics;
 use crate::pools::PoolLifecycle;
 use crate::serve::{Readiness, serve};
 
-/// Starts one watch per kind the controller's index follows, on the current runtime.
+/// Starts one watch per kind the controller's index follows, on the current runtime (allot's
+/// Endpoints when `endpoints`: the audit and GC's outdated-Endpoint cleaning read them).
 pub fn watch(index: &Arc<Shared<ClusterIndex>>, client: &kube::Client, endpoints: bool) {
     let config = watcher::Config::default();
     let c = client.clone();
@@ -111,7 +112,9 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
 
     let index = Shared::of(ClusterIndex::new());
     let settings = args.gc.settings();
-    watch(&index, &client, settings.clean_outdated_endpoints);
+    let audit = args.audit_interval_seconds > 0;
+    watch(&index, &client, audit || settings.clean_outdated_endpoints);
+    let table = settings.table.clone();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let leadership = Leadership::default();
@@ -132,6 +135,20 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         system_clock(),
     );
     let gc = tokio::spawn(collector.run(stopped(stop_rx.clone())));
+    let auditor = audit.then(|| {
+        tokio::spawn(
+            crate::audit::Auditor {
+                store: store.clone(),
+                index: index.clone(),
+                table,
+                interval: Duration::from_secs(args.audit_interval_seconds),
+                leadership: leadership.clone(),
+                metrics: metrics.clone(),
+                events: crate::events::Events::new(client.clone(), &identity),
+            }
+            .run(stopped(stop_rx.clone())),
+        )
+    });
     let lifecycle = PoolLifecycle::new(
         client.clone(),
         store.clone(),
@@ -207,6 +224,9 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = election.await;
         let _ = gc.await;
+        if let Some(auditor) = auditor {
+            let _ = auditor.await;
+        }
         let _ = pools.await;
         let _ = auto_pools.await;
         let _ = fleet.await;

@@ -45,7 +45,7 @@ impl IpFamily {
         }
     }
 
-    fn max(self) -> u128 {
+    pub(crate) fn max(self) -> u128 {
         match self {
             IpFamily::V4 => u32::MAX as u128,
             IpFamily::V6 => u128::MAX,

@@ -4,6 +4,7 @@
 //! it is unit-tested in microseconds and shared by every adapter and binary.
 
 pub mod addr;
+pub mod audit;
 pub mod autopool;
 pub mod block;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod engine;
 pub mod fleet;
 pub mod free;
 pub mod gc;
+pub mod migrate;
 pub mod policy;
 pub mod pool;
 pub mod spec;

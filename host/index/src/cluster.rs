@@ -12,9 +12,11 @@
 mod resources;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 
 use allot_core::config::{ObjectKind, Observed};
 use allot_core::gc::{PodPhase, PodState, StatefulSetState};
+use allot_core::migrate::PodAddress;
 use allot_core::store::Claim;
 
 pub use resources::{EndpointObject, statefulset_replicas};
@@ -56,6 +58,17 @@ pub struct PodEntry {
     pub host_network: bool,
     pub has_pod_ips: bool,
     pub finished_at: Option<u64>,
+    /// What it reports using: `status.podIPs` and the Multus network status (for the audit).
+    pub addresses: Vec<PodAddress>,
+}
+
+/// What the index keeps of one allot Endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointEntry {
+    /// The pod UID it was written for.
+    pub uid: String,
+    /// Each address it records, with its interface.
+    pub addresses: Vec<(IpAddr, String)>,
 }
 
 /// An IPPool, Subnet or ReservedIP: core's check of its spec, and the metadata the controller
@@ -84,8 +97,8 @@ pub struct ClusterIndex {
     /// Node name → Ready.
     pub(crate) nodes: HashMap<String, bool>,
     pub(crate) statefulsets: HashMap<Key, u32>,
-    /// allot Endpoints: (namespace, name) → the pod UID it was written for.
-    pub(crate) endpoints: HashMap<Key, String>,
+    /// allot Endpoints by (namespace, name).
+    pub(crate) endpoints: HashMap<Key, EndpointEntry>,
     pub(crate) allot: BTreeMap<(ObjectKind, String), AllotEntry>,
     pub(crate) synced: BTreeSet<ClusterKind>,
     pub(crate) pending: BTreeSet<Key>,
@@ -135,6 +148,13 @@ impl ClusterIndex {
         self.pods.len()
     }
 
+    /// Every pod: (namespace, name, entry).
+    pub fn pods(&self) -> impl Iterator<Item = (&str, &str, &PodEntry)> {
+        self.pods
+            .iter()
+            .map(|((ns, name), p)| (ns.as_str(), name.as_str(), p))
+    }
+
     /// Whether `node` is Ready; `None` for a node the index does not know.
     pub fn node_ready(&self, node: &str) -> Option<bool> {
         self.nodes.get(node).copied()
@@ -178,14 +198,21 @@ impl ClusterIndex {
     pub fn endpoint_uid(&self, namespace: &str, name: &str) -> Option<&str> {
         self.endpoints
             .get(&key(namespace, name))
-            .map(String::as_str)
+            .map(|e| e.uid.as_str())
     }
 
     /// Every allot Endpoint: (namespace, name, pod UID).
     pub fn endpoints(&self) -> impl Iterator<Item = (&str, &str, &str)> {
         self.endpoints
             .iter()
-            .map(|((ns, name), uid)| (ns.as_str(), name.as_str(), uid.as_str()))
+            .map(|((ns, name), e)| (ns.as_str(), name.as_str(), e.uid.as_str()))
+    }
+
+    /// Every allot Endpoint with what it records: (namespace, name, entry).
+    pub fn endpoint_entries(&self) -> impl Iterator<Item = (&str, &str, &EndpointEntry)> {
+        self.endpoints
+            .iter()
+            .map(|((ns, name), e)| (ns.as_str(), name.as_str(), e))
     }
 
     /// IPPools, Subnets and ReservedIPs as last seen, by kind and name.

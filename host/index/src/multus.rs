@@ -5,9 +5,14 @@
 //! interface; `v1.multus-cni.io/default-network` overrides the cluster network of `eth0`.
 //! A network without a namespace is in the pod's.
 
+use allot_core::migrate::PodAddress;
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
 pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+/// What Multus writes back on a pod: a JSON list of `{name, interface, ips, mac, default}`, one
+/// per network it attached (Network Plumbing Working Group's specification, section 4.1.2).
+pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
 pub const DEFAULT_NETWORK_ANNOTATION: &str = "v1.multus-cni.io/default-network";
 /// The interface Multus gives the cluster's default network.
 pub const DEFAULT_INTERFACE: &str = "eth0";
@@ -116,6 +121,57 @@ pub fn network_of(
     Ok(String::new())
 }
 
+/// Every address a pod reports, with its interface: `status.podIPs` (the default network's,
+/// on `eth0`, where a runtime puts the pod's first interface) and each entry of Multus's
+/// network status. An address both name is listed once, with the interface the network status
+/// gives; a malformed network status is skipped (the pod still reports its `podIPs`).
+pub fn pod_addresses(pod: &Pod) -> Vec<PodAddress> {
+    let mut out: Vec<PodAddress> = Vec::new();
+    let status = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NETWORK_STATUS_ANNOTATION))
+        .and_then(|s| serde_json::from_str::<Vec<Value>>(s).ok())
+        .unwrap_or_default();
+    for entry in &status {
+        let interface = entry
+            .get("interface")
+            .and_then(Value::as_str)
+            .filter(|i| !i.is_empty())
+            .map(str::to_string);
+        let ips = entry.get("ips").and_then(Value::as_array);
+        for ip in ips.into_iter().flatten().filter_map(Value::as_str) {
+            if let Ok(address) = ip.split('/').next().unwrap_or(ip).parse()
+                && !out.iter().any(|a| a.address == address)
+            {
+                out.push(PodAddress {
+                    address,
+                    interface: interface.clone(),
+                });
+            }
+        }
+    }
+    let status = pod.status.as_ref();
+    let pod_ips = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|ip| ip.ip.as_str())
+        .chain(status.and_then(|s| s.pod_ip.as_deref()));
+    for ip in pod_ips {
+        if let Ok(address) = ip.parse()
+            && !out.iter().any(|a| a.address == address)
+        {
+            out.push(PodAddress {
+                address,
+                interface: Some(DEFAULT_INTERFACE.to_string()),
+            });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +218,39 @@ mod tests {
         let a = annotations(&[(DEFAULT_NETWORK_ANNOTATION, "underlay")]);
         assert_eq!(network_of(&a, "web", "eth0").unwrap(), "web/underlay");
         assert_eq!(network_of(&a, "web", "net1").unwrap(), "");
+    }
+
+    #[test]
+    fn a_pods_addresses_come_from_its_pod_ips_and_the_network_status() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: r#"[
+                {"name":"kube-system/cluster","interface":"eth0","ips":["10.244.1.5"],"default":true},
+                {"name":"web/underlay","interface":"net1","ips":["192.0.2.10","2001:db8::10"]}]"#}},
+            "status": {"podIP": "10.244.1.5", "podIPs": [{"ip": "10.244.1.5"}, {"ip": "fd00::5"}]}
+        }))
+        .unwrap();
+        let got: Vec<(String, Option<String>)> = pod_addresses(&pod)
+            .into_iter()
+            .map(|a| (a.address.to_string(), a.interface))
+            .collect();
+        let on = |i: &str| Some(i.to_string());
+        assert_eq!(
+            got,
+            [
+                ("10.244.1.5".to_string(), on("eth0")),
+                ("192.0.2.10".to_string(), on("net1")),
+                ("2001:db8::10".to_string(), on("net1")),
+                ("fd00::5".to_string(), on("eth0")),
+            ]
+        );
+        let mut broken = pod.clone();
+        broken
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(NETWORK_STATUS_ANNOTATION.into(), "[{".into());
+        assert_eq!(pod_addresses(&broken).len(), 2, "podIPs still count");
     }
 
     #[test]

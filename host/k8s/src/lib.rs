@@ -11,6 +11,8 @@
 //! - [`IPAMPool`] and [`IPAMAllocation`]: fleet ranges, per-cluster ranges or prefixes carved
 //!   from per-datacenter CIDRs (Kubermatic's shapes); the pool's status records every
 //!   allocation.
+//! - [`peers`]: other IPAMs' objects (Spiderpool's, Whereabouts's and the Multus networks'),
+//!   read untyped and decoded for `allotctl migrate`.
 //!
 //! `crds/` is generated from these types by `allotctl crds` ([`crds`]); a test fails when the
 //! committed files are stale.
@@ -21,6 +23,7 @@ mod crd;
 mod endpoint;
 mod fleet;
 pub mod listen;
+pub mod peers;
 mod policy;
 mod pools;
 

@@ -20,5 +20,5 @@ pub mod sqlite;
 pub use blocking::{AsyncStore, BlockingStore};
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use kubernetes::{KubeConfig, KubeStats, KubeStore, client as kube_client};
-pub use open::{OpenedStore, StoreArgs};
+pub use open::{KUBERNETES, OpenedStore, StoreArgs};
 pub use sqlite::SqliteStore;

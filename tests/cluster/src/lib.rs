@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 
 pub mod objects;
+pub mod peers;
 
 /// The release and its namespace, as the README installs them.
 pub const RELEASE: &str = "allot";
@@ -103,6 +104,18 @@ impl Suite {
             .current_dir(root())
             .output()
             .unwrap_or_else(|e| panic!("{}: {e}: run scripts/setup.sh", path.display()))
+    }
+
+    /// `allotctl` of this build (`ALLOT_BIN`), with the lab's admin kubeconfig.
+    pub fn allotctl(&self, args: &[&str]) -> Output {
+        let path = allot_lab::paths::allot_bin_dir().join("allotctl");
+        Command::new(&path)
+            .arg("--kubeconfig")
+            .arg(self.lab.kubeconfig())
+            .args(args)
+            .current_dir(root())
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}: build allot-cli", path.display()))
     }
 
     /// Runs `kubectl`/`helm` arguments, panicking with their output when they fail.

@@ -23,8 +23,9 @@ pub struct Finding {
     pub not_before: NotBefore,
 }
 
-/// Lists every object of a kind in pages of 500 (one snapshot, as kubectl does).
-async fn list_all<K>(api: Api<K>, what: &str) -> anyhow::Result<Vec<K>>
+/// Lists every object of a kind in pages of 500 (one snapshot, as kubectl does); `what` names
+/// the kind in the error.
+pub async fn list_all<K>(api: Api<K>, what: &str) -> anyhow::Result<Vec<K>>
 where
     K: Clone + DeserializeOwned + std::fmt::Debug,
 {

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::DynamicObject;
 
-use super::{AllotEntry, ClusterIndex, ClusterKind, Key, PodEntry};
+use super::{AllotEntry, ClusterIndex, ClusterKind, EndpointEntry, Key, PodEntry};
 use crate::allot::observe;
 use crate::feed::IndexResource;
 use crate::{PoolObject, ReservedObject, SubnetObject};
@@ -61,6 +61,7 @@ impl PodEntry {
                 .is_some_and(|ips| !ips.is_empty())
                 || status.and_then(|s| s.pod_ip.as_ref()).is_some(),
             finished_at,
+            addresses: crate::multus::pod_addresses(pod),
         }
     }
 
@@ -182,7 +183,7 @@ impl IndexResource<EndpointObject> for ClusterIndex {
 
     fn apply(&mut self, e: EndpointObject) {
         self.endpoints
-            .insert(names(&e.0.metadata), e.0.spec.uid.clone());
+            .insert(names(&e.0.metadata), EndpointEntry::of(&e.0));
     }
 
     fn delete(&mut self, e: EndpointObject) {
@@ -195,6 +196,28 @@ impl IndexResource<EndpointObject> for ClusterIndex {
             self.apply(e);
         }
         self.mark_synced(ClusterKind::Endpoint);
+    }
+}
+
+impl EndpointEntry {
+    /// The pod UID and each address (`10.0.0.7/24` read as `10.0.0.7`) an Endpoint records.
+    pub fn of(e: &Endpoint) -> EndpointEntry {
+        let addresses = e
+            .spec
+            .interfaces
+            .iter()
+            .flat_map(|i| {
+                [&i.ipv4, &i.ipv6]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|cidr| cidr.split('/').next()?.parse().ok())
+                    .map(|a| (a, i.ifname.clone()))
+            })
+            .collect();
+        EndpointEntry {
+            uid: e.spec.uid.clone(),
+            addresses,
+        }
     }
 }
 

@@ -1,0 +1,248 @@
+//! Writing a migration plan: each object created if absent (the plan left out what is in place
+//! already), claims through the store's atomic create-if-absent, Endpoints as the agent writes
+//! them. A write the API refuses (the admission webhook's checks, RBAC) stops the run with the
+//! API's words: what was written stays, and the next run goes on from there.
+
+use std::collections::BTreeMap;
+
+use allot_core::migrate::{EndpointRecord, Plan, Write};
+use allot_core::store::{Store, StoreError};
+use allot_k8s::{
+    Endpoint, EndpointInterface, EndpointSpec, IPPool, IpPoolSpec, OwnerRef, ReservedIP,
+    ReservedIpSpec, Subnet, SubnetSpec,
+};
+use anyhow::{Context as _, bail};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, PostParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Claims per store call (each call is all or nothing).
+const CLAIM_BATCH: usize = 100;
+
+/// What happens to a pod's Endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    Create,
+    Update,
+    Same,
+    /// A later pod of the name holds it (the agent wrote it): left alone.
+    Later,
+}
+
+impl Change {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Create => "create",
+            Change::Update => "update (interfaces added)",
+            Change::Same => "in place",
+            Change::Later => "left alone (a later pod of this name holds it)",
+        }
+    }
+}
+
+pub struct EndpointChange {
+    pub record: EndpointRecord,
+    pub change: Change,
+    /// The Endpoint to write (`Create`, `Update`).
+    pub object: Option<Endpoint>,
+}
+
+/// What each planned Endpoint needs, given those stored.
+pub fn endpoint_changes(
+    plan: &Plan,
+    stored: &BTreeMap<(String, String), Endpoint>,
+) -> Vec<EndpointChange> {
+    plan.endpoints
+        .iter()
+        .map(|record| {
+            let key = (record.namespace.clone(), record.name.clone());
+            let (change, object) = match stored.get(&key) {
+                None => (Change::Create, Some(new_endpoint(record))),
+                Some(e) if e.spec.uid != record.uid => (Change::Later, None),
+                Some(e) => {
+                    let mut next = e.clone();
+                    for nic in interfaces(record) {
+                        match next
+                            .spec
+                            .interfaces
+                            .iter_mut()
+                            .find(|i| i.ifname == nic.ifname)
+                        {
+                            Some(i) if i.ipv4 == nic.ipv4 && i.ipv6 == nic.ipv6 => {}
+                            Some(i) => *i = nic,
+                            None => next.spec.interfaces.push(nic),
+                        }
+                    }
+                    next.spec.interfaces.sort_by(|a, b| a.ifname.cmp(&b.ifname));
+                    if next.spec == e.spec {
+                        (Change::Same, None)
+                    } else {
+                        (Change::Update, Some(next))
+                    }
+                }
+            };
+            EndpointChange {
+                record: record.clone(),
+                change,
+                object,
+            }
+        })
+        .collect()
+}
+
+fn interfaces(record: &EndpointRecord) -> Vec<EndpointInterface> {
+    record
+        .interfaces
+        .iter()
+        .map(|n| EndpointInterface {
+            ifname: n.ifname.clone(),
+            ipv4: n.ipv4.clone(),
+            ipv6: n.ipv6.clone(),
+            pools: n.pools.clone(),
+            gateways: n.gateways.clone(),
+            routes: n.routes.clone(),
+        })
+        .collect()
+}
+
+/// The Endpoint the agent would have written: owned by its pod (deleted with it), except a
+/// StatefulSet pod's, whose addresses outlive the pod object.
+fn new_endpoint(record: &EndpointRecord) -> Endpoint {
+    let stateful = record
+        .owner
+        .as_ref()
+        .is_some_and(|o| o.kind == "StatefulSet");
+    let owners = (!stateful && !record.uid.is_empty()).then(|| {
+        vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: record.name.clone(),
+            uid: record.uid.clone(),
+            ..OwnerReference::default()
+        }]
+    });
+    let mut e = Endpoint::new(
+        &record.name,
+        EndpointSpec {
+            uid: record.uid.clone(),
+            node: record.node.clone(),
+            interfaces: interfaces(record),
+            owner: record.owner.as_ref().map(|o| OwnerRef {
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+            }),
+        },
+    );
+    e.metadata.namespace = Some(record.namespace.clone());
+    e.metadata.owner_references = owners;
+    e
+}
+
+/// Creates `object` unless it exists; one created meanwhile stops the run (the next plans
+/// against it).
+async fn create<K>(api: &Api<K>, object: &K, what: &str) -> anyhow::Result<()>
+where
+    K: Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), object).await {
+        Ok(_) => {
+            println!("{what}: created");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => bail!(
+            "{what} was created by someone else meanwhile: run `allotctl migrate` again, it plans \
+             against it"
+        ),
+        Err(kube::Error::Api(s)) => bail!(
+            "{what}: the API server refused it ({} {}): {}",
+            s.code,
+            s.reason,
+            s.message
+        ),
+        Err(e) => Err(e).with_context(|| format!("{what}: cannot create it")),
+    }
+}
+
+fn meta<S>(w: &Write<S>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(w.name.clone()),
+        labels: (!w.labels.is_empty()).then(|| w.labels.clone()),
+        ..ObjectMeta::default()
+    }
+}
+
+pub async fn reserved(client: &kube::Client, plan: &Plan) -> anyhow::Result<()> {
+    let api: Api<ReservedIP> = Api::all(client.clone());
+    for w in plan.reserved.iter().filter(|w| !w.exists) {
+        let object = ReservedIP {
+            metadata: meta(w),
+            spec: ReservedIpSpec(w.spec.clone()),
+        };
+        create(&api, &object, &format!("ReservedIP {}", w.name)).await?;
+    }
+    Ok(())
+}
+
+pub async fn subnets(client: &kube::Client, plan: &Plan) -> anyhow::Result<()> {
+    let api: Api<Subnet> = Api::all(client.clone());
+    for w in plan.subnets.iter().filter(|w| !w.exists) {
+        let object = Subnet {
+            metadata: meta(w),
+            spec: SubnetSpec(w.spec.clone()),
+            status: None,
+        };
+        create(&api, &object, &format!("Subnet {}", w.name)).await?;
+    }
+    Ok(())
+}
+
+/// The claims, in batches, each all or nothing: an address claimed meanwhile (an agent handed
+/// it out, another run) stops here, and the next run says by whom.
+pub fn claims(store: &dyn Store, plan: &Plan) -> anyhow::Result<()> {
+    for batch in plan.claims.chunks(CLAIM_BATCH) {
+        match store.claim(batch) {
+            Ok(()) => println!("{} claim(s): created", batch.len()),
+            Err(StoreError::Conflict(a)) => bail!(
+                "address {a} was claimed by someone else meanwhile: nothing of its batch was \
+                 written; run `allotctl migrate` again to see by whom"
+            ),
+            Err(e) => bail!("cannot write the claims: {e}; run `allotctl migrate` again"),
+        }
+    }
+    Ok(())
+}
+
+pub async fn endpoints(client: &kube::Client, changes: &[EndpointChange]) -> anyhow::Result<()> {
+    for c in changes {
+        let Some(object) = &c.object else { continue };
+        let api: Api<Endpoint> = Api::namespaced(client.clone(), &c.record.namespace);
+        let what = format!("Endpoint {}/{}", c.record.namespace, c.record.name);
+        match c.change {
+            Change::Create => create(&api, object, &what).await?,
+            Change::Update => {
+                api.replace(&c.record.name, &PostParams::default(), object)
+                    .await
+                    .with_context(|| {
+                        format!("{what} changed meanwhile: run `allotctl migrate` again")
+                    })?;
+                println!("{what}: updated");
+            }
+            Change::Same | Change::Later => {}
+        }
+    }
+    Ok(())
+}
+
+pub async fn pools(client: &kube::Client, plan: &Plan) -> anyhow::Result<()> {
+    let api: Api<IPPool> = Api::all(client.clone());
+    for w in plan.pools.iter().filter(|w| !w.exists) {
+        let object = IPPool {
+            metadata: meta(w),
+            spec: IpPoolSpec(w.spec.clone()),
+            status: None,
+        };
+        create(&api, &object, &format!("IPPool {}", w.name)).await?;
+    }
+    Ok(())
+}
