@@ -81,7 +81,7 @@ fn a_new_policy_builds_and_passes_its_scenario_without_edits() {
         stdout.lines().any(|l| l == "1 passed, 0 failed"),
         "{stdout}"
     );
-    assert!(stdout.contains("allot:policy@0.2.0"), "{stdout}");
+    assert!(stdout.contains("allot:policy@0.3.0"), "{stdout}");
 
     // Run again into the same directory: refused, nothing overwritten.
     let again = Command::new(allotctl)

@@ -307,13 +307,14 @@ fn the_agent_follows_the_policy_object_and_refuses_a_bad_component() {
     });
     let status = cluster.object("policies", "default").unwrap()["status"].clone();
     assert_eq!(status["servingDigest"], digest.as_str(), "{status}");
-    let events = cluster.api.objects("events.k8s.io/v1", "events");
-    assert!(
-        events
+    // The Event is written after the status, and a real API server may show the status first.
+    lab.eventually("a PolicyRefused Event", Duration::from_secs(30), || {
+        cluster
+            .api
+            .objects("events.k8s.io/v1", "events")
             .iter()
-            .any(|e| e["reason"] == "PolicyRefused" && e["regarding"]["name"] == "default"),
-        "{events:?}"
-    );
+            .any(|e| e["reason"] == "PolicyRefused" && e["regarding"]["name"] == "default")
+    });
     let mut other = Attachment::new("after-refusal");
     cluster.add_pod(&mut other, json!({}), None);
     lab.bridge_add(&other, &conf);

@@ -11,6 +11,21 @@ use kube::api::PostParams;
 use super::mirror::Block;
 use super::{Backend, LIST_PAGE, MAX_ATTEMPTS, attempt, request};
 
+/// After losing write `lost` (0-based) of a block to other writers, waits a random moment of up
+/// to 2 ms per write lost so far (at most 16 ms), so that writers racing for one block spread
+/// out instead of reading and losing again in lockstep: without it, one of 16 threads claiming
+/// distinct addresses of one block lost 16 writes in a row on a busy real API server. The same
+/// idea as client-go's `retry.RetryOnConflict` (a jittered backoff between attempts).
+async fn pause_after_lost_write(lost: usize) {
+    use std::hash::{BuildHasher, Hasher};
+    // A random number without a dependency: every RandomState is seeded afresh.
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let most_micros = 2_000 * (lost.min(7) as u64 + 1);
+    tokio::time::sleep(std::time::Duration::from_micros(random % most_micros)).await;
+}
+
 /// What an edit of a block decided.
 pub(super) enum Edit<T> {
     /// Write the edited block, then return this.
@@ -93,7 +108,7 @@ impl Backend {
         let cidr = block_of(address);
         let name = block_name(&cidr);
         let mut fresh: Option<Option<Block>> = None;
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt_number in 0..MAX_ATTEMPTS {
             let base = match &fresh {
                 Some(b) => b.clone(),
                 None => self.mirror.block(&name),
@@ -140,6 +155,7 @@ impl Backend {
                 // deleted since it was read. Either way, read it again and recompute.
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
                     self.conflicts.fetch_add(1, Ordering::Relaxed);
+                    pause_after_lost_write(attempt_number).await;
                     fresh = Some(self.fetch(&name).await?);
                 }
                 Err(e) => return Err(super::api_error(&what, e)),
