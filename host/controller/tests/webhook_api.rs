@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use allot_controller::webhook::certs::{CertPolicy, Material, renew, service_names};
+use allot_controller::webhook::certs::{CertPolicy, Material, MaterialError, renew, service_names};
 use allot_controller::webhook::configs::{self, Outcome, Target};
 use allot_controller::webhook::secret::{self, unix_now};
 use allot_test_apiserver::verifier::{self, ApiServerVerifier, answer};
@@ -36,10 +36,17 @@ fn material(policy: &CertPolicy) -> Material {
 
 /// Material made at `at` (Unix seconds): in the past, to be due for renewal now.
 fn made_at(policy: &CertPolicy, at: i64) -> Material {
-    renew(Err("none".into()), &names(), policy, at, true, false)
-        .unwrap()
-        .unwrap()
-        .material
+    renew(
+        Err(&MaterialError::NoSecret),
+        &names(),
+        policy,
+        at,
+        true,
+        false,
+    )
+    .unwrap()
+    .unwrap()
+    .material
 }
 
 /// `m` as the Secret stored at `rv`.

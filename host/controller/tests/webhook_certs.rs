@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use allot_controller::webhook::certs::{
-    CA_KEY, CertPolicy, Material, NEXT_CA_CERT, Renewal, next_renewal, renew, service_names,
+    CA_CERT, CA_KEY, CertPolicy, Material, MaterialError, NEXT_CA_CERT, Renewal, next_renewal,
+    renew, service_names,
 };
 
 const T0: i64 = 1_800_000_000;
@@ -37,10 +38,17 @@ fn fresh_long(at: i64) -> Material {
 }
 
 fn made(policy: &CertPolicy, at: i64) -> Material {
-    renew(Err("none".into()), &names(), policy, at, true, false)
-        .unwrap()
-        .expect("nothing stored: made")
-        .material
+    renew(
+        Err(&MaterialError::NoSecret),
+        &names(),
+        policy,
+        at,
+        true,
+        false,
+    )
+    .unwrap()
+    .expect("nothing stored: made")
+    .material
 }
 
 /// What the leader (`rotate`) or a follower decides at `now`.
@@ -142,16 +150,25 @@ fn a_broken_ca_starts_over() {
     assert_ne!(r.material.ca_cert, m.ca_cert);
     let mut data = m.to_data();
     data.remove(CA_KEY);
-    assert_eq!(Material::from_data(&data), Err("ca.key is missing".into()));
+    assert_eq!(
+        Material::from_data(&data),
+        Err(MaterialError::Missing(CA_KEY))
+    );
+    assert_eq!(
+        MaterialError::Missing(CA_KEY).to_string(),
+        "ca.key is missing"
+    );
     let mut data: BTreeMap<_, _> = m.to_data();
     data.insert(
         NEXT_CA_CERT.into(),
         k8s_openapi::ByteString(m.ca_cert.clone().into_bytes()),
     );
-    assert!(
-        Material::from_data(&data)
-            .unwrap_err()
-            .contains("come together")
+    assert_eq!(Material::from_data(&data), Err(MaterialError::HalfANextCa));
+    data.insert(CA_CERT.into(), k8s_openapi::ByteString(vec![0xff, 0xfe]));
+    data.remove(NEXT_CA_CERT);
+    assert_eq!(
+        Material::from_data(&data),
+        Err(MaterialError::NotText(CA_CERT))
     );
 }
 
@@ -220,9 +237,16 @@ fn a_serving_certificate_never_outlives_its_ca() {
         ca_validity: Duration::from_secs(10 * DAY as u64),
         ..policy()
     };
-    let m = renew(Err("none".into()), &names(), &short_ca, T0, true, false)
-        .unwrap()
-        .unwrap()
-        .material;
+    let m = renew(
+        Err(&MaterialError::NoSecret),
+        &names(),
+        &short_ca,
+        T0,
+        true,
+        false,
+    )
+    .unwrap()
+    .unwrap()
+    .material;
     assert_eq!(m.serving_not_after(), Some(T0 + 10 * DAY));
 }

@@ -107,17 +107,17 @@ impl Material {
     }
 
     /// Reads a Secret's `data`; says which key is missing or not text.
-    pub fn from_data(data: &BTreeMap<String, ByteString>) -> Result<Material, String> {
-        let text = |k: &str| -> Result<Option<String>, String> {
+    pub fn from_data(data: &BTreeMap<String, ByteString>) -> Result<Material, MaterialError> {
+        let text = |k: &'static str| -> Result<Option<String>, MaterialError> {
             data.get(k)
-                .map(|v| String::from_utf8(v.0.clone()).map_err(|_| format!("{k} is not PEM text")))
+                .map(|v| String::from_utf8(v.0.clone()).map_err(|_| MaterialError::NotText(k)))
                 .transpose()
         };
-        let required = |k: &str| text(k)?.ok_or_else(|| format!("{k} is missing"));
+        let required = |k: &'static str| text(k)?.ok_or(MaterialError::Missing(k));
         let next_ca = match (text(NEXT_CA_CERT)?, text(NEXT_CA_KEY)?) {
             (Some(c), Some(k)) => Some((c, k)),
             (None, None) => None,
-            _ => return Err(format!("{NEXT_CA_CERT} and {NEXT_CA_KEY} come together")),
+            _ => return Err(MaterialError::HalfANextCa),
         };
         Ok(Material {
             tls_cert: required(TLS_CERT)?,
@@ -136,6 +136,24 @@ impl Material {
     }
 }
 
+/// Why a Secret's data holds no material at all (as opposed to material that is there but
+/// unusable: expired, for other names, from another CA, which [`renew`] judges).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MaterialError {
+    /// There is no Secret yet.
+    #[error("no certificate yet")]
+    NoSecret,
+    /// A key is absent: the Secret is new, or was emptied by hand.
+    #[error("{0} is missing")]
+    Missing(&'static str),
+    /// A key holds bytes that are not text, so not PEM.
+    #[error("{0} is not PEM text")]
+    NotText(&'static str),
+    /// One of the next CA's certificate and key without the other.
+    #[error("{NEXT_CA_CERT} and {NEXT_CA_KEY} come together")]
+    HalfANextCa,
+}
+
 /// New material to write, and why.
 #[derive(Clone, Debug)]
 pub struct Renewal {
@@ -149,7 +167,7 @@ pub struct Renewal {
 /// replicas do not race), and a next CA takes over only when `promote` says the webhook
 /// configurations already trust it.
 pub fn renew(
-    current: Result<&Material, String>,
+    current: Result<&Material, &MaterialError>,
     names: &[String],
     policy: &CertPolicy,
     now: i64,
@@ -160,7 +178,7 @@ pub fn renew(
         fresh(names, policy, now).map(|material| Some(Renewal { material, reason }))
     };
     let m = match current {
-        Err(why) => return fresh(why),
+        Err(why) => return fresh(why.to_string()),
         Ok(m) => m,
     };
     let seen = match inspect(m, names) {

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
 
-use super::certs::{CertPolicy, Material, renew};
+use super::certs::{CertPolicy, Material, MaterialError, renew};
 use super::{api_error, is_conflict, request};
 
 /// Reads and writes of one [`ensure`] before it gives up (each lost race costs a read).
@@ -37,7 +37,7 @@ pub async fn ensure(
             .map_err(|e| api_error(&what, "get", e))?;
         let Some(secret) = stored else {
             let fresh = renew(
-                Err("no certificate yet".into()),
+                Err(&MaterialError::NoSecret),
                 names,
                 policy,
                 now,
@@ -67,14 +67,7 @@ pub async fn ensure(
         };
         let current = Material::from_data(&secret.data.clone().unwrap_or_default());
         let promote_now = current.as_ref().is_ok_and(promote);
-        let renewal = renew(
-            current.as_ref().map_err(Clone::clone),
-            names,
-            policy,
-            now,
-            rotate,
-            promote_now,
-        )?;
+        let renewal = renew(current.as_ref(), names, policy, now, rotate, promote_now)?;
         let Some(renewal) = renewal else {
             return Ok(current.expect("renew keeps only usable material"));
         };
