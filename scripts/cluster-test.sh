@@ -17,7 +17,12 @@ TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 LAB="$TARGET/release/allot-lab-cluster"
 DIR="$TARGET/lab-suite"
 CARGO="${CARGO:-cargo}"
-NEXTEST=("$CARGO" nextest run --release --locked --no-fail-fast)
+# --workspace: the test binaries `make unit` built (one feature set for the workspace), not a
+# second build of the crates this package shares with the others.
+NEXTEST=("$CARGO" nextest run --release --locked --no-fail-fast --workspace)
+# The test binaries that start labs of their own (Suite::own): they cannot run while the shared
+# lab is up, whose bridge and lock they would wait for.
+OWN_LAB='binary(lifecycle) | binary(audit) | binary(migration)'
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "cluster-test: the lab makes network namespaces and mounts: run as root" >&2
@@ -49,7 +54,7 @@ grep -q '^KUBECONFIG=' "$DIR.out" || { echo "cluster-test: the lab did not start
 export ALLOT_LAB_CLUSTER="$DIR/cluster.json"
 started=$(date +%s)
 status=0
-"${NEXTEST[@]}" -p allot-cluster-tests --test-threads 1 -E 'not binary(lifecycle)' || status=$?
+"${NEXTEST[@]}" --test-threads 1 -E "package(allot-cluster-tests) & not ($OWN_LAB)" || status=$?
 echo "cluster-test: the shared phase took $(( $(date +%s) - started )) s"
 stop_lab
 trap - EXIT
@@ -57,7 +62,7 @@ unset ALLOT_LAB_CLUSTER
 
 # Phase 2: tests with labs of their own (the lab's lock runs them one after another).
 started=$(date +%s)
-"${NEXTEST[@]}" -p allot-cluster-tests -E 'binary(lifecycle)' || status=$?
+"${NEXTEST[@]}" -E "package(allot-cluster-tests) & ($OWN_LAB)" || status=$?
 echo "cluster-test: the own-lab phase took $(( $(date +%s) - started )) s"
 if [ "$status" -eq 0 ]; then
     rm -rf "$DIR" "$DIR.out" "$DIR.err"

@@ -278,11 +278,19 @@ impl Suite {
     }
 
     /// Fails when the API server refused any request of allot's ServiceAccounts (RBAC).
+    ///
+    /// Refusals by an API server whose authorizer had not read the roles yet are not the
+    /// chart's: right after kube-apiserver restarts, RBAC answers 403 naming even the bootstrap
+    /// role `system:basic-user` (which always exists) as not found, until its informers have
+    /// synced. Those are left out; every other refusal fails the test.
     pub fn no_refusals(&self) {
-        let refused = self
+        let refused: Vec<_> = self
             .lab
             .forbidden(&format!("system:serviceaccount:{NAMESPACE}:"))
-            .expect("reading the audit log");
+            .expect("reading the audit log")
+            .into_iter()
+            .filter(|r| !r.reason.contains(r#""system:basic-user" not found"#))
+            .collect();
         assert!(
             refused.is_empty(),
             "{}: the API server refused allot {} request(s):\n{}",
