@@ -28,14 +28,12 @@ pub fn connect(args: &StoreArgs, command: &str) -> anyhow::Result<Cluster> {
         kubeconfig: args.kubeconfig.clone(),
         ..KubeConfig::default()
     })
-    .map_err(|e| anyhow::anyhow!("cannot open the cluster's claims: {e}"))?;
+    .context("cannot open the cluster's claims")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let client = runtime
-        .block_on(allot_store::kube_client(args.kubeconfig.as_deref()))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = runtime.block_on(allot_store::kube_client(args.kubeconfig.as_deref()))?;
     Ok(Cluster {
         store: Arc::new(store),
         client,

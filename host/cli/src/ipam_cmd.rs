@@ -92,7 +92,7 @@ pub fn ipam_command(store: &StoreArgs, command: &IpamCommand) -> anyhow::Result<
             let released = cluster
                 .store
                 .release_unchanged(&due)
-                .map_err(|e| anyhow::anyhow!("cannot release: {e}; nothing more was released"))?;
+                .context("cannot release the leaks (nothing more was released)")?;
             for c in &released {
                 println!(
                     "released {} (IPPool {}) of {}/{}",

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use allot_core::migrate::{Inputs, Peer, Plan, plan};
 use allot_core::store::Store;
 use allot_store::StoreArgs;
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
 use crate::cluster::{Cluster, connect};
@@ -45,10 +46,7 @@ pub fn migrate_command(store: &StoreArgs, command: &MigrateCommand) -> anyhow::R
         .runtime
         .block_on(read::read(&cluster.client, peer))?;
     let mut current = read.current.clone();
-    current.claims = cluster
-        .store
-        .all()
-        .map_err(|e| anyhow::anyhow!("cannot read allot's claims: {e}"))?;
+    current.claims = cluster.store.all().context("cannot read allot's claims")?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

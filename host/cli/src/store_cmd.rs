@@ -71,10 +71,7 @@ fn etcd(store: &StoreArgs) -> anyhow::Result<Arc<EtcdStore>> {
 }
 
 fn claims(store: &StoreArgs) -> anyhow::Result<Vec<Claim>> {
-    open(store)?
-        .shared()
-        .all()
-        .map_err(|e| anyhow::anyhow!("reading claims: {e}"))
+    open(store)?.shared().all().context("reading claims")
 }
 
 pub fn claims_command(store: &StoreArgs, command: ClaimsCommand) -> anyhow::Result<ExitCode> {
