@@ -18,6 +18,7 @@
 //! changed.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, IPAMPool, IPAMPoolSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -113,9 +114,9 @@ pub type NamespacedName = (String, String);
 #[derive(Debug, Default)]
 pub struct FleetIndex {
     datacenter_label: String,
-    pools: BTreeMap<String, Result<FleetPoolEntry, String>>,
+    pools: BTreeMap<String, Result<FleetPoolEntry, Undecodable>>,
     /// (namespace, pool name) → the IPAMAllocation.
-    allocations: BTreeMap<NamespacedName, Result<FleetAllocationEntry, String>>,
+    allocations: BTreeMap<NamespacedName, Result<FleetAllocationEntry, Undecodable>>,
     clusters: BTreeMap<NamespacedName, ClusterEntry>,
     /// Cluster API's `clusters` is not served.
     clusters_absent: bool,
@@ -132,14 +133,41 @@ fn names(meta: &ObjectMeta) -> NamespacedName {
     )
 }
 
-fn decode<T: k8s_openapi::serde::de::DeserializeOwned>(o: &DynamicObject) -> Result<T, String> {
-    serde_json::to_value(o)
-        .and_then(serde_json::from_value)
-        .map_err(|e| e.to_string())
+/// A watched fleet object that does not decode as its kind. It stays in the index with this
+/// reason, so that its name still counts and nothing is allocated from or released into it.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("not a valid {kind}: {source}")]
+pub struct Undecodable {
+    /// `IPAMPool` or `IPAMAllocation`.
+    pub kind: &'static str,
+    #[source]
+    pub source: Arc<serde_json::Error>,
 }
 
-fn pool_entry(o: &DynamicObject) -> Result<FleetPoolEntry, String> {
-    let pool: IPAMPool = decode(o)?;
+/// The same reason for the same kind: an object decoded again as badly as before changes
+/// nothing in the index (serde_json's errors compare by what they say).
+impl PartialEq for Undecodable {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.source.to_string() == other.source.to_string()
+    }
+}
+
+impl Eq for Undecodable {}
+
+fn decode<T: k8s_openapi::serde::de::DeserializeOwned>(
+    kind: &'static str,
+    o: &DynamicObject,
+) -> Result<T, Undecodable> {
+    serde_json::to_value(o)
+        .and_then(serde_json::from_value)
+        .map_err(|e| Undecodable {
+            kind,
+            source: Arc::new(e),
+        })
+}
+
+fn pool_entry(o: &DynamicObject) -> Result<FleetPoolEntry, Undecodable> {
+    let pool: IPAMPool = decode("IPAMPool", o)?;
     let status = pool.status.unwrap_or_default();
     Ok(FleetPoolEntry {
         uid: pool.metadata.uid.unwrap_or_default(),
@@ -149,8 +177,8 @@ fn pool_entry(o: &DynamicObject) -> Result<FleetPoolEntry, String> {
     })
 }
 
-fn allocation_entry(o: &DynamicObject) -> Result<FleetAllocationEntry, String> {
-    let object: IPAMAllocation = decode(o)?;
+fn allocation_entry(o: &DynamicObject) -> Result<FleetAllocationEntry, Undecodable> {
+    let object: IPAMAllocation = decode("IPAMAllocation", o)?;
     let m = object.metadata;
     Ok(FleetAllocationEntry {
         cluster: m
@@ -198,12 +226,14 @@ impl FleetIndex {
     }
 
     /// IPAMPools by name: decoded, or why not.
-    pub fn pools(&self) -> &BTreeMap<String, Result<FleetPoolEntry, String>> {
+    pub fn pools(&self) -> &BTreeMap<String, Result<FleetPoolEntry, Undecodable>> {
         &self.pools
     }
 
     /// IPAMAllocations by (namespace, pool): decoded, or why not.
-    pub fn allocations(&self) -> &BTreeMap<NamespacedName, Result<FleetAllocationEntry, String>> {
+    pub fn allocations(
+        &self,
+    ) -> &BTreeMap<NamespacedName, Result<FleetAllocationEntry, Undecodable>> {
         &self.allocations
     }
 

@@ -43,7 +43,7 @@ pub use cluster::{ClusterIndex, ClusterKind, EndpointEntry, EndpointObject, PodE
 pub use feed::{IndexResource, feed};
 pub use fleet::{
     CapiClusterObject, ClusterEntry, FleetAllocationEntry, FleetIndex, FleetKind, FleetPoolEntry,
-    IpamAllocationObject, IpamPoolObject,
+    IpamAllocationObject, IpamPoolObject, Undecodable,
 };
 pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, Shared, SharedIndex};
 pub use workloads::{PoolEntry, WorkloadEntry, WorkloadIndex, WorkloadKey, WorkloadKind};

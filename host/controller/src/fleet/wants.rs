@@ -334,7 +334,7 @@ pub fn wants(index: &FleetIndex) -> Work {
             .collect();
         let p = match index.pools().get(pool) {
             Some(Err(why)) => {
-                work.unreadable.push((pool.to_string(), why.clone()));
+                work.unreadable.push((pool.to_string(), why.to_string()));
                 continue;
             }
             Some(Ok(p)) => p,
