@@ -22,13 +22,12 @@ use allot_index::{
 };
 use allot_k8s::{Endpoint, IPPool};
 use anyhow::Context as _;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::events::{Event, EventType};
 
 use crate::events::Events;
-use crate::gc::report::list_all;
+use crate::gc::report::{fresh_workload_index, list_all};
 use crate::lease::Leadership;
 use crate::metrics::Metrics;
 
@@ -89,19 +88,7 @@ pub fn check(index: &ClusterIndex, claims: &[Claim], table: &GcConfig) -> Report
 /// The index of one fresh list of everything the audit reads (pods, nodes, StatefulSets, allot
 /// Endpoints and IPPools), for `allotctl ipam check`.
 pub async fn fresh_index(client: &kube::Client) -> anyhow::Result<ClusterIndex> {
-    let mut index = ClusterIndex::new();
-    IndexResource::<Pod>::reset(
-        &mut index,
-        list_all(Api::all(client.clone()), "pods").await?,
-    );
-    IndexResource::<Node>::reset(
-        &mut index,
-        list_all(Api::all(client.clone()), "nodes").await?,
-    );
-    IndexResource::<StatefulSet>::reset(
-        &mut index,
-        list_all(Api::all(client.clone()), "statefulsets").await?,
-    );
+    let mut index = fresh_workload_index(client).await?;
     let endpoints: Vec<Endpoint> =
         list_all(Api::all(client.clone()), "endpoints.allot.dev").await?;
     IndexResource::<EndpointObject>::reset(

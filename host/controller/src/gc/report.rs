@@ -44,12 +44,9 @@ where
     }
 }
 
-/// Decides every claim of `store` against freshly listed pods, nodes and StatefulSets.
-pub async fn dry_run(
-    client: kube::Client,
-    store: Arc<dyn Store>,
-    settings: &GcSettings,
-) -> anyhow::Result<Vec<Finding>> {
+/// The index of one fresh list of pods, nodes and StatefulSets: what GC's decision table
+/// reads (`gc --dry-run`), and the start of the audit's (`ipam check`).
+pub async fn fresh_workload_index(client: &kube::Client) -> anyhow::Result<ClusterIndex> {
     let mut index = ClusterIndex::new();
     IndexResource::<Pod>::reset(
         &mut index,
@@ -61,8 +58,18 @@ pub async fn dry_run(
     );
     IndexResource::<StatefulSet>::reset(
         &mut index,
-        list_all(Api::all(client), "statefulsets").await?,
+        list_all(Api::all(client.clone()), "statefulsets").await?,
     );
+    Ok(index)
+}
+
+/// Decides every claim of `store` against freshly listed pods, nodes and StatefulSets.
+pub async fn dry_run(
+    client: kube::Client,
+    store: Arc<dyn Store>,
+    settings: &GcSettings,
+) -> anyhow::Result<Vec<Finding>> {
+    let index = fresh_workload_index(&client).await?;
     let claims = tokio::task::spawn_blocking(move || store.all())
         .await?
         .context("cannot read the claims")?;
