@@ -195,3 +195,32 @@ impl KubeApi {
 pub fn now() -> String {
     jiff::Timestamp::now().to_string()
 }
+
+/// An IPPool object as the cluster-mode tests create it.
+pub fn pool(name: &str, subnet: &str, gateway: &str, ips: &str, default: bool) -> Value {
+    json!({
+        "apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": name},
+        "spec": {"subnet": subnet, "gateway": gateway, "ips": [ips], "default": default},
+    })
+}
+
+/// The cluster-mode tests' pools: `plain` (the default) and `annotated`.
+pub fn two_pools() -> Vec<Value> {
+    vec![
+        pool(
+            "plain",
+            "10.97.0.0/24",
+            "10.97.0.1",
+            "10.97.0.10-10.97.0.19",
+            true,
+        ),
+        pool(
+            "annotated",
+            "10.97.1.0/24",
+            "10.97.1.1",
+            "10.97.1.10-10.97.1.19",
+            false,
+        ),
+    ]
+}

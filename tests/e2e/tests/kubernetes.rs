@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use allot_e2e::kube::{ALLOT, KubeApi};
+use allot_e2e::kube::{ALLOT, KubeApi, two_pools};
 use allot_e2e::*;
 use serde_json::{Value, json};
 
@@ -81,33 +81,6 @@ impl Cluster {
 
 fn agent_user(node: &str) -> String {
     format!("allot-agent:{node}")
-}
-
-fn pool(name: &str, subnet: &str, gateway: &str, ips: &str, default: bool) -> Value {
-    json!({
-        "apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
-        "metadata": {"name": name},
-        "spec": {"subnet": subnet, "gateway": gateway, "ips": [ips], "default": default},
-    })
-}
-
-fn two_pools() -> Vec<Value> {
-    vec![
-        pool(
-            "plain",
-            "10.97.0.0/24",
-            "10.97.0.1",
-            "10.97.0.10-10.97.0.19",
-            true,
-        ),
-        pool(
-            "annotated",
-            "10.97.1.0/24",
-            "10.97.1.1",
-            "10.97.1.10-10.97.1.19",
-            false,
-        ),
-    ]
 }
 
 fn lab(test: &str, cluster: &Cluster, flags: &[(&str, &str)]) -> Option<Lab> {

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use allot_e2e::kube::two_pools;
 use allot_e2e::*;
 use allot_test_apiserver::{ApiServer, Loopback};
 use serde_json::{Value, json};
@@ -80,33 +81,6 @@ impl Cluster {
             .into_iter()
             .find(|o| o["metadata"]["name"] == name)
     }
-}
-
-fn pool(name: &str, subnet: &str, gateway: &str, ips: &str, default: bool) -> Value {
-    json!({
-        "apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
-        "metadata": {"name": name},
-        "spec": {"subnet": subnet, "gateway": gateway, "ips": [ips], "default": default},
-    })
-}
-
-fn two_pools() -> Vec<Value> {
-    vec![
-        pool(
-            "plain",
-            "10.97.0.0/24",
-            "10.97.0.1",
-            "10.97.0.10-10.97.0.19",
-            true,
-        ),
-        pool(
-            "annotated",
-            "10.97.1.0/24",
-            "10.97.1.1",
-            "10.97.1.10-10.97.1.19",
-            false,
-        ),
-    ]
 }
 
 fn lab(test: &str, cluster: &Cluster, flags: &[(&str, &str)]) -> Option<Lab> {
