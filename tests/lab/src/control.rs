@@ -68,8 +68,17 @@ pub(crate) async fn execute(
     let ready_timeout = cluster::lock(shared).options.ready_timeout;
     let reply = match command {
         Command::Restart(component) => {
+            let from = jiff::Timestamp::now();
             cluster::stop_component(shared, *component).await?;
             cluster::start_component(shared, *component).await?;
+            if *component == Component::KubeApiserver {
+                // Until it is ready, a restarted API server refuses requests RBAC would allow
+                // (its authorizer has not read the roles yet): a test that counts refusals
+                // must know when that was.
+                let logs = cluster::lock(shared).info.dir.join("logs");
+                let until = jiff::Timestamp::now();
+                crate::audit::note_restart(&logs, crate::audit::Restart { from, until })?;
+            }
             format!("{component} restarted")
         }
         Command::StopNode(name) => {

@@ -148,6 +148,11 @@ impl LabCluster {
         audit::requests(&self.info().dir.join("logs"), user_prefix, 403)
     }
 
+    /// The kube-apiserver restarts made through [`LabCluster::restart`], oldest first.
+    pub fn apiserver_restarts(&self) -> Result<Vec<audit::Restart>> {
+        audit::restarts(&self.info().dir.join("logs"))
+    }
+
     /// A client with the admin kubeconfig.
     pub async fn client(&self) -> Result<kube::Client> {
         kube_client(&self.kubeconfig()).await
