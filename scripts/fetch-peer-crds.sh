@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The CustomResourceDefinitions of the IPAMs `allotctl migrate` carries clusters over from, at
-# pinned releases, taken from their published sources through the Go module proxy (a module's
+# The CustomResourceDefinitions of the IPAMs `allotctl migrate` carries clusters over from, and
+# of OpenKruise's workloads (auto-pools follow any kind with a scale subresource), at pinned
+# releases, taken from their published sources through the Go module proxy (a module's
 # zip holds the repository's files): the real-cluster tests apply them and write objects shaped
 # as those IPAMs write them. Each release is cached outside the clone, keyed by version, and
 # linked into target/peer-crds/<name>; nothing is downloaded at test time, nothing is committed.
@@ -21,6 +22,7 @@ LINKS="$ROOT/target/peer-crds"
 PEERS=(
     "spiderpool github.com/spidernet-io/spiderpool v1.2.2 h1:WiBgOlMb5OwK91j62XaDPaANqiPnKdGpFe54ugBThA4= charts/spiderpool/crds/spiderpool.spidernet.io_spiderippools.yaml charts/spiderpool/crds/spiderpool.spidernet.io_spidersubnets.yaml charts/spiderpool/crds/spiderpool.spidernet.io_spiderreservedips.yaml charts/spiderpool/crds/spiderpool.spidernet.io_spiderendpoints.yaml"
     "whereabouts github.com/k8snetworkplumbingwg/whereabouts v0.9.2 h1:M/LhO2FwXN4C3WPkD0FoT6JACraSW4XrU7mxX9xZd8o= doc/crds/whereabouts.cni.cncf.io_ippools.yaml doc/crds/whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml"
+    "kruise github.com/openkruise/kruise v1.8.2 h1:PbIrZJ3ergs3egQpYB4JyqiUko+m9JveuNX3VNSwNcY= config/crd/bases/apps.kruise.io_clonesets.yaml config/crd/bases/apps.kruise.io_statefulsets.yaml"
     "network-attachment-definition github.com/k8snetworkplumbingwg/network-attachment-definition-client v1.7.6 h1:lhSaboKtal0XF2yqSw2BqNB1vUL4+a4BFe39I9G/yiM= artifacts/networks-crd.yaml"
 )
 

@@ -3,7 +3,8 @@
 //! with it (see `docs/controller.md`, "Subnet auto-pools").
 //!
 //! [`AutoPools::run`] watches Deployments, StatefulSets, ReplicaSets, Jobs, DaemonSets,
-//! CronJobs, IPPools, Subnets and ReservedIPs into a [`WorkloadIndex`], and, while this replica
+//! CronJobs, the objects of every other kind with a `scale` subresource it may read
+//! ([`scalable`]), IPPools, Subnets and ReservedIPs into a [`WorkloadIndex`], and, while this replica
 //! leads, runs a reconcile pass whenever what the decisions read changes, every
 //! `--auto-pool-resync-seconds` (claims released since may let a pool shrink), and with backoff
 //! after a pass that could not finish. A pass plans in core and writes here
@@ -13,13 +14,16 @@
 //! reserved for them: one ReservedIP per StatefulSet and family ([`declared`]).
 //!
 //! RBAC: get, list, watch on deployments, statefulsets, replicasets, daemonsets (apps) and jobs,
-//! cronjobs (batch); get, list, watch, create, patch, delete on ippools.allot.dev; get, list,
+//! cronjobs (batch); list, watch and get on the `scale` subresource of each other scalable kind
+//! to follow (the chart's `controller.autoPools.scalableWorkloads`); create on
+//! selfsubjectaccessreviews (every user may); get, list, watch, create, patch, delete on ippools.allot.dev; get, list,
 //! watch, create, patch, delete on reservedips.allot.dev; get, list, watch on
 //! subnets.allot.dev; create, patch on events.k8s.io events; and what the claim store reads
 //! (list, watch on ipblocks.allot.dev).
 
 mod declared;
 mod reconcile;
+pub mod scalable;
 mod wants;
 
 #[cfg(test)]
@@ -54,6 +58,10 @@ pub struct AutoPoolArgs {
     /// shrink).
     #[arg(long = "auto-pool-resync-seconds", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub resync_seconds: u64,
+    /// Ask the API server this often which kinds have a `scale` subresource (a CRD installed
+    /// later, such as OpenKruise's CloneSet, is followed from the next time on).
+    #[arg(long = "auto-pool-discovery-seconds", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub discovery_seconds: u64,
 }
 
 impl Default for AutoPoolArgs {
@@ -61,6 +69,7 @@ impl Default for AutoPoolArgs {
         AutoPoolArgs {
             enabled: true,
             resync_seconds: 60,
+            discovery_seconds: 60,
         }
     }
 }
@@ -85,7 +94,12 @@ impl AutoPools {
             return;
         }
         let index = Shared::of(WorkloadIndex::new());
-        let _watches = watch(&index, &self.client);
+        let mut watches = watch(&index, &self.client);
+        watches.spawn(scalable::follow(
+            index.clone(),
+            self.client.clone(),
+            Duration::from_secs(self.args.discovery_seconds),
+        ));
         let recorder = crate::events::Events::new(self.client.clone(), &self.instance);
         let reconciler = Passes {
             pools: Reconciler::new(

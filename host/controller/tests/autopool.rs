@@ -22,6 +22,8 @@ use allot_lab::LoopbackControlPlane;
 use allot_policy::{Limits, PolicyEngine, PolicySource};
 use allot_store::contract::{attachment, claim, pod};
 use allot_store::{KubeConfig, KubeStore};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Value, json};
 
 const ALLOT: &str = "allot.dev/v1alpha1";
@@ -90,9 +92,13 @@ fn no_overlap(plane: &LoopbackControlPlane) {
     }
 }
 
-/// What the embedded default policy chooses for a pod of Deployment `owner`, from the pools
-/// and Subnets on the server.
-fn chosen_by_default_policy(plane: &LoopbackControlPlane, owner: &str) -> Option<String> {
+/// What the embedded default policy chooses for a pod of the `kind` named `owner`, from the
+/// pools and Subnets on the server.
+fn chosen_by_default_policy(
+    plane: &LoopbackControlPlane,
+    kind: &str,
+    owner: &str,
+) -> Option<String> {
     let pools: Vec<Pool> = objects(plane, "ippools")
         .into_iter()
         .map(|o| Pool::try_from(&serde_json::from_value::<IPPool>(o).unwrap()).unwrap())
@@ -113,7 +119,7 @@ fn chosen_by_default_policy(plane: &LoopbackControlPlane, owner: &str) -> Option
             )]
             .into(),
             owner: Some(Owner {
-                kind: "Deployment".into(),
+                kind: kind.into(),
                 name: owner.into(),
             }),
             ..PodInfo::default()
@@ -193,6 +199,7 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
             args: AutoPoolArgs {
                 enabled: true,
                 resync_seconds: 1,
+                discovery_seconds: 1,
             },
             instance: "controller-0".into(),
         };
@@ -215,7 +222,7 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
         assert!(!ips.contains("10.20.0.20".parse().unwrap()), "excluded");
     }
     assert_eq!(
-        chosen_by_default_policy(&server, "web").as_deref(),
+        chosen_by_default_policy(&server, "Deployment", "web").as_deref(),
         Some(web_pool.as_str())
     );
 
@@ -257,12 +264,20 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(pool_of(&server, "web").unwrap().1.len(), 2);
 
-    // Deleted: its pool goes; api's stays.
+    // Deleted: its pool waits for its pods' addresses to be released (the webhook would refuse
+    // deleting a pool that holds addresses), then goes; api's stays.
     assert!(
         server
             .delete("apps/v1", "deployments", Some("team-a"), "web")
             .unwrap()
     );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(pool_of(&server, "web").unwrap().1.len(), 2, "still held");
+    for n in 0..claimed.len() {
+        store
+            .release_attachment(&attachment(&format!("c{n}"), "eth0"))
+            .unwrap();
+    }
     eventually("web's pool deleted", || {
         pool_of(&server, "web").is_none().then_some(())
     });
@@ -272,6 +287,165 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
             .iter()
             .any(|p| p["metadata"]["name"] == "manual")
     );
+
+    let _ = stop.send(());
+    runtime.block_on(controller).unwrap();
+    drop(runtime);
+}
+
+/// OpenKruise's CloneSet CRD at the pinned release (`scripts/fetch-peer-crds.sh`).
+fn cloneset_crd() -> CustomResourceDefinition {
+    let dir = std::env::var_os("ALLOT_PEER_CRDS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/peer-crds")
+        })
+        .join("kruise");
+    let file = dir.join("apps.kruise.io_clonesets.yaml");
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run scripts/setup.sh (scripts/fetch-peer-crds.sh)",
+            file.display()
+        )
+    });
+    serde_yaml::from_str(&text).unwrap()
+}
+
+/// A CloneSet (OpenKruise's CRD, registered in the real API server) whose pod template names a
+/// Subnet gets an auto pool sized by its scale subresource; scaled through that subresource, as
+/// `kubectl scale` does, the pool follows; deleted, the pool goes. A pool of a kind the server
+/// does not serve (nothing follows it) stays.
+#[test]
+fn a_cloneset_gets_an_auto_pool_sized_through_its_scale_subresource() {
+    let Some(server) = LoopbackControlPlane::for_test(
+        "a_cloneset_gets_an_auto_pool_sized_through_its_scale_subresource",
+        Default::default(),
+    ) else {
+        return;
+    };
+    server.apply_crds(&allot_k8s::crds()).unwrap();
+    server.apply_crds(&[cloneset_crd()]).unwrap();
+    server.create_namespace("team-a", json!({})).unwrap();
+    server
+        .create(
+            "subnets",
+            json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Subnet",
+               "metadata": {"name": "subnet-a"},
+               "spec": {"subnet": "10.20.0.0/24", "ips": ["10.20.0.10-10.20.0.40"],
+                        "gateway": "10.20.0.1"}}),
+        )
+        .unwrap();
+    // An auto pool left by a workload kind this server does not serve.
+    server
+        .create(
+            "ippools",
+            json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
+               "metadata": {"name": "auto-rollout-team-a-old-v4-subnet-a", "labels": {
+                   "app.kubernetes.io/managed-by": "allot-controller",
+                   "ipam.allot.dev/owner-subnet": "subnet-a",
+                   "ipam.allot.dev/owner-application-kind": "Rollout",
+                   "ipam.allot.dev/owner-application-namespace": "team-a",
+                   "ipam.allot.dev/owner-application-name": "old"}},
+               "spec": {"subnet": "10.20.0.0/24", "ips": ["10.20.0.39-10.20.0.40"]}}),
+        )
+        .unwrap();
+    server
+        .create(
+            "clonesets",
+            json!({
+                "apiVersion": "apps.kruise.io/v1alpha1", "kind": "CloneSet",
+                "metadata": {"namespace": "team-a", "name": "web"},
+                "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": {
+                    "metadata": {"labels": {"app": "web"},
+                                 "annotations": {"ipam.allot.dev/subnet": SUBNET_ANNOTATION}},
+                    "spec": {"containers": [{"name": "app", "image": "app"}]}}},
+            }),
+        )
+        .unwrap();
+
+    let store: Arc<dyn Store> = Arc::new(
+        KubeStore::connect(&KubeConfig {
+            kubeconfig: Some(server.kubeconfig().to_path_buf()),
+            ..KubeConfig::default()
+        })
+        .unwrap(),
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let client = runtime
+        .block_on(allot_lab::kube_client(server.kubeconfig()))
+        .unwrap();
+    let controller = {
+        let _guard = runtime.enter();
+        let auto_pools = AutoPools {
+            client: client.clone(),
+            store,
+            leadership: Leadership::always(),
+            args: AutoPoolArgs {
+                enabled: true,
+                resync_seconds: 1,
+                discovery_seconds: 1,
+            },
+            instance: "controller-0".into(),
+        };
+        runtime.spawn(auto_pools.run(async {
+            let _ = stopped.await;
+        }))
+    };
+
+    // 2 replicas + 1, chosen by the default policy for the CloneSet's pods.
+    let (pool, _) = eventually("web's pool", || {
+        pool_of(&server, "web").filter(|(_, ips)| ips.len() == 3)
+    });
+    let pool_object = objects(&server, "ippools")
+        .into_iter()
+        .find(|p| p["metadata"]["name"] == pool.as_str())
+        .unwrap();
+    assert_eq!(
+        pool_object["metadata"]["labels"]["ipam.allot.dev/owner-application-kind"],
+        "CloneSet"
+    );
+    assert_eq!(
+        chosen_by_default_policy(&server, "CloneSet", "web").as_deref(),
+        Some(pool.as_str())
+    );
+
+    // Scaled through its scale subresource, as `kubectl scale` does.
+    let clonesets: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "team-a",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apps.kruise.io", "v1alpha1", "CloneSet"),
+            "clonesets",
+        ),
+    );
+    runtime
+        .block_on(clonesets.patch_scale(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 6}})),
+        ))
+        .unwrap();
+    eventually("web grown to 7", || {
+        pool_of(&server, "web").filter(|(_, ips)| ips.len() == 7)
+    });
+    no_overlap(&server);
+
+    // Deleted: its pool goes; the pool of the kind nothing serves stays.
+    assert!(
+        server
+            .delete(
+                "apps.kruise.io/v1alpha1",
+                "clonesets",
+                Some("team-a"),
+                "web"
+            )
+            .unwrap()
+    );
+    eventually("web's pool deleted", || {
+        pool_of(&server, "web").is_none().then_some(())
+    });
+    assert!(pool_of(&server, "old").is_some());
 
     let _ = stop.send(());
     runtime.block_on(controller).unwrap();
@@ -293,7 +467,10 @@ fn scale(plane: &LoopbackControlPlane, replicas: i64) {
 fn the_example_workloads_get_the_pools_their_comments_describe() {
     use allot_controller::autopool::Snapshot;
     use allot_core::autopool::Action;
-    use allot_index::{IndexResource, PoolObject, ReservedObject, SubnetObject, WorkloadIndex};
+    use allot_index::{
+        IndexResource, PoolObject, ReservedObject, ScalableKind, ScaleRead, SubnetObject,
+        WorkloadIndex,
+    };
     use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
     use k8s_openapi::api::batch::v1::{CronJob, Job};
     use kube::api::DynamicObject;
@@ -328,6 +505,23 @@ fn the_example_workloads_get_the_pools_their_comments_describe() {
     i.reset(Vec::<ReplicaSet>::new());
     i.reset(Vec::<Job>::new());
     i.reset(Vec::<DaemonSet>::new());
+    // A CloneSet's count comes from its scale subresource; Kruise's maps it to spec.replicas.
+    let clonesets = ScalableKind {
+        group: "apps.kruise.io".into(),
+        version: "v1alpha1".into(),
+        kind: "CloneSet".into(),
+        plural: "clonesets".into(),
+    };
+    i.follow(clonesets.clone());
+    i.reset_scalable(
+        &clonesets,
+        of("CloneSet")
+            .map(|d| {
+                let replicas = d["spec"]["replicas"].as_u64().unwrap();
+                (dynamic(d), ScaleRead::Read(replicas))
+            })
+            .collect(),
+    );
     i.reset(of("IPPool").map(|d| PoolObject(dynamic(d))).collect());
     i.reset(of("Subnet").map(|d| SubnetObject(dynamic(d))).collect());
     i.reset(
@@ -365,6 +559,7 @@ fn the_example_workloads_get_the_pools_their_comments_describe() {
     assert_eq!(
         sizes,
         [
+            ("cart", "apps-v4", 5),
             ("db", "apps-v4", 6),
             ("report", "apps-v4", 4),
             ("web", "apps-v4", 5),
@@ -375,5 +570,5 @@ fn the_example_workloads_get_the_pools_their_comments_describe() {
         .iter()
         .find(|c| c.0 == "web" && c.1 == "apps-v4")
         .unwrap();
-    assert_eq!(web_v4.2, ["10.50.1.4-10.50.1.8"], "the example's comment");
+    assert_eq!(web_v4.2, ["10.50.1.9-10.50.1.13"], "the example's comment");
 }

@@ -7,7 +7,7 @@
 //! one where every workload went from 3 to 9 replicas (each pool grows by 6); "carve" creates
 //! all 1,000 pools from nothing. Claims are not read (the controller reads them once per pass).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -125,6 +125,7 @@ fn pass(s: &Setup) -> Vec<Action> {
         reserved_v4: &s.empty[0],
         reserved_v6: &s.empty[1],
         pending: &[],
+        followed_kinds: &BTreeSet::from(["Deployment".to_string()]),
     };
     plan(&inputs, &mut |current| AddrSet::empty(current.family()))
 }

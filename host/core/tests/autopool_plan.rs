@@ -1,7 +1,7 @@
 //! The auto-pool planner, pass by pass: create, grow, shrink around claims, delete or keep,
 //! refusals, and two workloads from one Subnet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::autopool::{
     Action, Inputs, IpNumber, MANAGED_BY, MANAGER, PoolView, RECLAIM_LABEL, SubnetWant, Wants,
@@ -105,7 +105,30 @@ fn view(name: &str, labels: BTreeMap<String, String>, spec: IpPoolSpec) -> PoolV
     }
 }
 
+/// The kinds every pass here follows (the controller's built-in ones).
+fn followed() -> BTreeSet<String> {
+    [
+        "Deployment",
+        "StatefulSet",
+        "ReplicaSet",
+        "Job",
+        "DaemonSet",
+        "CronJob",
+    ]
+    .map(String::from)
+    .into()
+}
+
 fn run(workloads: &[Workload], pools: &[PoolView], claimed: &AddrSet) -> Vec<Action> {
+    run_following(workloads, pools, claimed, &followed())
+}
+
+fn run_following(
+    workloads: &[Workload],
+    pools: &[PoolView],
+    claimed: &AddrSet,
+    followed_kinds: &BTreeSet<String>,
+) -> Vec<Action> {
     let subnets = subnets();
     let empty = AddrSet::empty(IpFamily::V4);
     let empty6 = AddrSet::empty(IpFamily::V6);
@@ -116,6 +139,7 @@ fn run(workloads: &[Workload], pools: &[PoolView], claimed: &AddrSet) -> Vec<Act
         reserved_v4: &empty,
         reserved_v6: &empty6,
         pending: &[],
+        followed_kinds,
     };
     plan(&inputs, &mut |current| current.intersection(claimed))
 }
@@ -257,6 +281,47 @@ fn a_pool_goes_with_its_workload_unless_reclaim_is_false() {
     );
 }
 
+/// The pool of a deleted workload whose last pods still hold addresses is not deleted yet (the
+/// admission webhook would refuse it): the controller waits and asks again.
+#[test]
+fn a_gone_workloads_pool_waits_for_its_last_claims_before_it_is_deleted() {
+    let pools = [auto_pool("gone", &["10.10.0.13-10.10.0.15"], true)];
+    let actions = run(&[], &pools, &v4(&["10.10.0.14"]));
+    assert!(
+        matches!(actions.as_slice(), [Action::WaitForRelease { name, held: 1, .. }] if *name == pools[0].name),
+        "{actions:?}"
+    );
+    let actions = run(&[], &pools, &none());
+    assert!(
+        matches!(actions.as_slice(), [Action::Delete { .. }]),
+        "released, it goes: {actions:?}"
+    );
+}
+
+/// An auto pool of a kind the controller does not follow (a CloneSet while Kruise's API is
+/// not served, or not readable by the controller) is not taken for an orphan: its pods may be
+/// running from it.
+#[test]
+fn a_pool_of_a_kind_not_followed_is_left_alone_until_the_kind_is() {
+    let cloneset = Application {
+        kind: "CloneSet".into(),
+        namespace: "team-a".into(),
+        name: "web".into(),
+    };
+    let mut pool = auto_pool("web", &["10.10.0.13-10.10.0.15"], true);
+    pool.name = pool_name(&cloneset, "subnet-a", IpFamily::V4);
+    pool.labels = labels(&cloneset, "subnet-a", true);
+    let pools = [pool];
+    assert_eq!(run(&[], &pools, &none()), []);
+    let mut with_clonesets = followed();
+    with_clonesets.insert("CloneSet".into());
+    let actions = run_following(&[], &pools, &none(), &with_clonesets);
+    assert!(
+        matches!(actions.as_slice(), [Action::Delete { name, .. }] if *name == pools[0].name),
+        "followed and gone, it goes: {actions:?}"
+    );
+}
+
 #[test]
 fn a_pool_goes_when_its_workload_no_longer_names_the_subnet() {
     let pools = [auto_pool("web", &["10.10.0.13-10.10.0.15"], true)];
@@ -364,6 +429,7 @@ fn pending_writes_are_never_carved_again() {
         reserved_v4: &empty,
         reserved_v6: &empty6,
         pending: &pending,
+        followed_kinds: &followed(),
     };
     let actions = plan(&inputs, &mut |_| none());
     let [Action::Create { spec, .. }] = actions.as_slice() else {

@@ -18,7 +18,8 @@
 //!
 //! The controller's [`WorkloadIndex`] holds, for subnet auto-pools, the workloads whose pod
 //! template carries allot's annotations (Deployments, StatefulSets, ReplicaSets and Jobs of their
-//! own, DaemonSets, CronJobs) and the IPPools, Subnets and ReservedIPs that carving reads.
+//! own, DaemonSets, CronJobs, and objects of any kind with a `scale` subresource the controller
+//! follows) and the IPPools, Subnets and ReservedIPs that carving reads.
 //!
 //! The controller's [`FleetIndex`] holds, for fleet ranges, the IPAMPools with their records,
 //! the IPAMAllocations, Cluster API `Cluster`s (their datacenter label) and the ConfigMaps the
@@ -46,4 +47,7 @@ pub use fleet::{
     IpamAllocationObject, IpamPoolObject, Undecodable,
 };
 pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, Shared, SharedIndex};
-pub use workloads::{PoolEntry, WorkloadEntry, WorkloadIndex, WorkloadKey, WorkloadKind};
+pub use workloads::{
+    PoolEntry, ScalableKey, ScalableKind, ScaleRead, WorkloadEntry, WorkloadIndex, WorkloadKey,
+    WorkloadKind,
+};

@@ -21,6 +21,9 @@
 //! what writing back needs: the resourceVersion, labels, deletion, and what a pool lists as far
 //! as it can be read (carving avoids an invalid pool's addresses too).
 //!
+//! Kinds beyond these with a `scale` subresource (a CloneSet, say) are followed as the
+//! controller's discovery finds them ([`scalable`]).
+//!
 //! [`WorkloadIndex::generation`] changes only with what the auto-pool decisions read (not with
 //! a pool's status or a Deployment's rollout progress), so the controller can skip a pass when
 //! nothing it reads changed.
@@ -38,6 +41,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::DynamicObject;
 use serde_json::Value;
+
+mod scalable;
+
+pub use scalable::{ScalableKey, ScalableKind, ScaleRead};
 
 use crate::allot::observe;
 use crate::feed::IndexResource;
@@ -85,6 +92,14 @@ impl WorkloadKind {
             WorkloadKind::Subnet => "Subnet",
             WorkloadKind::ReservedIp => "ReservedIP",
         }
+    }
+
+    /// A workload kind, not one of allot's that carving reads.
+    pub const fn is_workload(self) -> bool {
+        !matches!(
+            self,
+            WorkloadKind::IpPool | WorkloadKind::Subnet | WorkloadKind::ReservedIp
+        )
     }
 
     /// The API group/version of a workload kind (for Event references).
@@ -137,6 +152,10 @@ pub struct WorkloadIndex {
     subnets: BTreeMap<String, (Result<Subnet, String>, Fingerprint)>,
     reserved: BTreeMap<String, (Option<Reserved>, Fingerprint)>,
     synced: BTreeSet<WorkloadKind>,
+    /// Objects of the followed scalable kinds that ask for auto pools.
+    scalable: BTreeMap<ScalableKey, scalable::ScalableEntry>,
+    /// The scalable kinds followed, and whether their first list arrived.
+    followed: BTreeMap<ScalableKind, bool>,
     generation: u64,
 }
 
@@ -207,6 +226,7 @@ impl WorkloadIndex {
     /// be listed yet, and nothing may be deleted or carved on that.
     pub fn ready(&self) -> bool {
         WorkloadKind::ALL.iter().all(|k| self.synced.contains(k))
+            && self.followed.values().all(|synced| *synced)
     }
 
     /// Kinds whose first list has not arrived yet.

@@ -90,6 +90,13 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
                     .map(drop)
                     .map_err(|e| e.to_string())
             }
+            // A workload of another kind with a scale subresource (OpenKruise's CloneSet):
+            // what the controller reads of it is its pod template.
+            "CloneSet" => serde_yaml::from_value::<k8s_openapi::api::core::v1::PodTemplateSpec>(
+                doc["spec"]["template"].clone(),
+            )
+            .map(drop)
+            .map_err(|e| e.to_string()),
             other => Err(format!("unknown kind {other}")),
         };
         if let Err(e) = parsed {
@@ -100,6 +107,7 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
     assert_eq!(
         kinds.into_iter().collect::<Vec<_>>(),
         [
+            "CloneSet",
             "CronJob",
             "Deployment",
             "Endpoint",

@@ -1,5 +1,6 @@
 //! Workloads as users run them on the real control plane: a Deployment with a Subnet
-//! auto-pool scaled up, down and deleted, a StatefulSet pod moved to another node.
+//! auto-pool scaled up, down and deleted, an OpenKruise CloneSet with one, a StatefulSet pod
+//! moved to another node.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -36,11 +37,11 @@ spec:
     )
 }
 
-/// The auto-pools of Deployment `ns/web`: per family, its size.
-async fn auto_pool_sizes(client: &kube::Client, ns: &str) -> Vec<(String, u128)> {
+/// The auto-pools of workload `ns/owner`: per family, its size.
+async fn auto_pool_sizes(client: &kube::Client, ns: &str, owner: &str) -> Vec<(String, u128)> {
     let api: Api<IPPool> = Api::all(client.clone());
     let selector = format!(
-        "ipam.allot.dev/owner-application-namespace={ns},ipam.allot.dev/owner-application-name=web"
+        "ipam.allot.dev/owner-application-namespace={ns},ipam.allot.dev/owner-application-name={owner}"
     );
     let mut out: Vec<(String, u128)> = api
         .list(&ListParams::default().labels(&selector))
@@ -75,14 +76,19 @@ async fn auto_pool_sizes(client: &kube::Client, ns: &str) -> Vec<(String, u128)>
     out
 }
 
-/// Waits until web's auto-pools have `want` sizes per family.
+/// Waits until Deployment web's auto-pools have `want` sizes per family.
 async fn sizes(s: &Suite, ns: &str, want: &[(&str, u128)]) {
+    sizes_of(s, ns, "web", want).await
+}
+
+/// Waits until `owner`'s auto-pools have `want` sizes per family.
+async fn sizes_of(s: &Suite, ns: &str, owner: &str, want: &[(&str, u128)]) {
     let want: Vec<(String, u128)> = want.iter().map(|(f, n)| (f.to_string(), *n)).collect();
     wait_for(
-        &format!("web's auto-pools of {want:?}"),
+        &format!("{owner}'s auto-pools of {want:?}"),
         Duration::from_secs(120),
         || async {
-            let now = auto_pool_sizes(&s.client, ns).await;
+            let now = auto_pool_sizes(&s.client, ns, owner).await;
             (now == want).then_some(()).ok_or(now)
         },
     )
@@ -159,6 +165,190 @@ async fn a_subnet_auto_pool_follows_its_deployment() {
     s.must(
         "kubectl",
         &["delete", "subnet", "auto-v4", "auto-v6", "--wait=true"],
+    );
+    s.no_refusals();
+}
+
+/// A CloneSet's pods, as OpenKruise's controller makes them (no Kruise controller runs here:
+/// the test stands in for it): named after the set, owned by it, with its template's labels and
+/// annotations.
+fn cloneset_pod(ns: &str, uid: &str, instance: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: clone-{instance}
+  namespace: {ns}
+  labels: {{app: clone, apps.kruise.io/cloneset-instance-id: "{instance}", controller-revision-hash: clone-6d5c8b9f7}}
+  annotations: {{"ipam.allot.dev/subnet": '{{"ipv4":["auto-v4"],"ipv6":["auto-v6"]}}'}}
+  ownerReferences:
+    - {{apiVersion: apps.kruise.io/v1alpha1, kind: CloneSet, name: clone, uid: "{uid}", controller: true, blockOwnerDeletion: true}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
+"#
+    )
+}
+
+/// A kind with a scale subresource in a group the chart does not grant: discovered, never read.
+const WIDGET_CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.scale.example.com}
+spec:
+  group: scale.example.com
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      subresources: {scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas}}
+      schema:
+        openAPIV3Schema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+"#;
+
+/// An OpenKruise CloneSet (Kruise's own CRD at a pinned release) naming Subnets gets auto
+/// pools like a Deployment: sized through its scale subresource, grown by `kubectl scale`, its
+/// pods served from them, and gone with it (the real garbage collector deletes its pods, the
+/// pools follow once their addresses are released). A scalable kind of a group the chart does
+/// not grant is left alone: never listed (no refusal in the audit log), no pool for it.
+#[tokio::test]
+async fn a_cloneset_gets_auto_pools_like_a_deployment() {
+    let Some(s) = Suite::shared("a_cloneset_gets_auto_pools_like_a_deployment").await else {
+        return;
+    };
+    let crds = allot_cluster_tests::peers::crds_dir("kruise");
+    s.must(
+        "kubectl",
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            crds.join("apps.kruise.io_clonesets.yaml").to_str().unwrap(),
+        ],
+    );
+    s.must_apply(WIDGET_CRD);
+    s.must(
+        "kubectl",
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/clonesets.apps.kruise.io",
+            "crd/widgets.scale.example.com",
+        ],
+    );
+    let ns = s.namespace("kruise").await;
+    s.must_apply(&subnet_yaml(
+        "auto-v4",
+        "198.51.100.0/24",
+        "198.51.100.1",
+        "198.51.100.224-198.51.100.254",
+    ));
+    s.must_apply(&subnet_yaml(
+        "auto-v6",
+        "2001:db8:1ab::/64",
+        "2001:db8:1ab::1",
+        "2001:db8:1ab::7:0-2001:db8:1ab::7:ffff",
+    ));
+    let template = r#"
+  selector: {matchLabels: {app: clone}}
+  template:
+    metadata:
+      labels: {app: clone}
+      annotations: {"ipam.allot.dev/subnet": '{"ipv4":["auto-v4"],"ipv6":["auto-v6"]}'}
+    spec:
+      containers: [{name: c, image: busybox, command: [sleep, "3600"]}]
+"#;
+    s.must_apply(&format!(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: CloneSet\nmetadata: {{name: clone, namespace: {ns}}}\nspec:\n  replicas: 2{template}"
+    ));
+    s.must_apply(&format!(
+        "apiVersion: scale.example.com/v1\nkind: Widget\nmetadata: {{name: widget, namespace: {ns}}}\nspec:\n  replicas: 2{template}"
+    ));
+    sizes_of(&s, &ns, "clone", &[("v4", 3), ("v6", 3)]).await;
+    let uid = s.must(
+        "kubectl",
+        &[
+            "-n",
+            &ns,
+            "get",
+            "clonesets.apps.kruise.io",
+            "clone",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
+    );
+    let from_auto_pools = |ips: &[IpAddr]| {
+        ips.len() == 2
+            && ips.iter().all(|ip| match ip {
+                IpAddr::V4(v) => v.octets()[3] >= 224,
+                IpAddr::V6(v) => v.segments()[6] == 7,
+            })
+    };
+    for instance in ["a1b2c", "d3e4f"] {
+        s.must_apply(&cloneset_pod(&ns, &uid, instance));
+    }
+    for pod in s.ready_pods(&ns, "app=clone", 2).await {
+        assert!(from_auto_pools(&pod_ips(&pod)), "{:?}", pod_ips(&pod));
+    }
+
+    s.must(
+        "kubectl",
+        &[
+            "-n",
+            &ns,
+            "scale",
+            "clonesets.apps.kruise.io/clone",
+            "--replicas=4",
+        ],
+    );
+    sizes_of(&s, &ns, "clone", &[("v4", 5), ("v6", 5)]).await;
+    for instance in ["g5h6i", "j7k8l"] {
+        s.must_apply(&cloneset_pod(&ns, &uid, instance));
+    }
+    let pods = s.ready_pods(&ns, "app=clone", 4).await;
+    let used: BTreeSet<IpAddr> = pods.iter().flat_map(pod_ips).collect();
+    assert_eq!(used.len(), 8, "eight addresses, none twice");
+    for pod in &pods {
+        assert!(from_auto_pools(&pod_ips(pod)), "{:?}", pod_ips(pod));
+    }
+    assert_eq!(
+        auto_pool_sizes(&s.client, &ns, "widget").await,
+        [],
+        "a kind allot-controller may not read gets no pool"
+    );
+
+    // Deleted: the garbage collector deletes its pods, their addresses are released, the
+    // pools go.
+    s.must(
+        "kubectl",
+        &[
+            "-n",
+            &ns,
+            "delete",
+            "clonesets.apps.kruise.io",
+            "clone",
+            "--wait=true",
+        ],
+    );
+    sizes_of(&s, &ns, "clone", &[]).await;
+    assert!(claims_in(&s.client, &ns).await.is_empty());
+    s.must("kubectl", &["delete", "namespace", &ns, "--wait=true"]);
+    s.must(
+        "kubectl",
+        &["delete", "subnet", "auto-v4", "auto-v6", "--wait=true"],
+    );
+    s.must(
+        "kubectl",
+        &[
+            "delete",
+            "crd",
+            "clonesets.apps.kruise.io",
+            "widgets.scale.example.com",
+            "--wait=true",
+        ],
     );
     s.no_refusals();
 }

@@ -14,7 +14,7 @@
 //! fresh state. Addresses written but not yet seen by the watch stay "pending" and are never
 //! carved again meanwhile.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ use allot_core::policy::Application;
 use allot_core::spec::IpPoolSpec;
 use allot_core::store::Store;
 use allot_core::{AddrSet, IpFamily, Subnet};
-use allot_index::{WorkloadIndex, WorkloadKind};
+use allot_index::WorkloadIndex;
 use allot_k8s::{IPPool, IpPoolSpec as IpPoolSpecObject};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -41,28 +41,51 @@ const PENDING_FOR: Duration = Duration::from_secs(60);
 /// What one pass reads, copied out of the index.
 pub struct Snapshot {
     workloads: Vec<Workload>,
-    uids: BTreeMap<Application, String>,
+    /// Each workload's API version and UID, for the Events on it.
+    refs: BTreeMap<Application, (String, String)>,
     subnets: BTreeMap<String, Result<Subnet, String>>,
     pools: Vec<PoolView>,
     reserved: [AddrSet; 2],
+    followed_kinds: BTreeSet<String>,
 }
 
 impl Snapshot {
     pub fn of(index: &WorkloadIndex) -> Snapshot {
         let mut workloads = Vec::new();
-        let mut uids = BTreeMap::new();
+        let mut refs = BTreeMap::new();
         for ((kind, namespace, name), entry) in index.workloads() {
             let app = Application {
                 kind: kind.as_str().to_string(),
                 namespace: namespace.clone(),
                 name: name.clone(),
             };
-            uids.insert(app.clone(), entry.uid.clone());
+            refs.insert(
+                app.clone(),
+                (kind.api_version().to_string(), entry.uid.clone()),
+            );
             workloads.push(Workload {
                 app,
                 replicas: entry.replicas,
                 deleting: entry.deleting,
                 wants: wants(&entry.annotations),
+            });
+        }
+        for ((kind, namespace, name), entry, unread) in index.scalable_workloads() {
+            let app = Application {
+                kind: kind.kind.clone(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+            };
+            refs.insert(app.clone(), (kind.api_version(), entry.uid.clone()));
+            workloads.push(Workload {
+                app,
+                replicas: entry.replicas,
+                deleting: entry.deleting,
+                // Without its count, its pools stay exactly as they are.
+                wants: match unread {
+                    Some(why) => Err(why.to_string()),
+                    None => wants(&entry.annotations),
+                },
             });
         }
         let pools = index
@@ -78,10 +101,11 @@ impl Snapshot {
             .collect();
         Snapshot {
             workloads,
-            uids,
+            refs,
             subnets: index.subnets(),
             pools,
             reserved: [index.reserved(IpFamily::V4), index.reserved(IpFamily::V6)],
+            followed_kinds: index.followed_kinds(),
         }
     }
 }
@@ -97,6 +121,7 @@ impl Snapshot {
             reserved_v4: &self.reserved[0],
             reserved_v6: &self.reserved[1],
             pending: &[],
+            followed_kinds: &self.followed_kinds,
         };
         plan(&inputs, &mut |current| AddrSet::empty(current.family()))
     }
@@ -185,16 +210,17 @@ impl Reconciler {
                 reserved_v4: &snapshot.reserved[0],
                 reserved_v6: &snapshot.reserved[1],
                 pending: &pending,
+                followed_kinds: &snapshot.followed_kinds,
             };
             let actions = plan(&inputs, &mut claimed);
             let store_error = match claims {
                 Some(Err(e)) => Some(e),
                 _ => None,
             };
-            (actions, store_error, snapshot.uids)
+            (actions, store_error, snapshot.refs)
         })
         .await;
-        let (actions, store_error, uids) = match planned {
+        let (actions, store_error, refs) = match planned {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!("the auto-pool plan panicked: {e}");
@@ -266,12 +292,16 @@ impl Reconciler {
                     let key = (app.clone(), subnet);
                     if self.reported.get(&key) != Some(&reason) {
                         tracing::warn!(workload = %describe(&app), "{reason}");
-                        self.publish(&app, uids.get(&app), &reason).await;
+                        self.publish(&app, refs.get(&app), &reason).await;
                     }
                     refused_now.insert(key, reason);
                 }
                 Action::Wait { app, reason } => {
                     tracing::debug!(workload = %describe(&app), "{reason}");
+                }
+                Action::WaitForRelease { app, name, held } => {
+                    tracing::debug!(pool = %name, workload = %describe(&app), "deleted once its {held} claimed address(es) are released");
+                    outcome.retry = true;
                 }
             }
         }
@@ -364,17 +394,13 @@ impl Reconciler {
     }
 
     /// A Warning Event on the workload.
-    async fn publish(&self, app: &Application, uid: Option<&String>, reason: &str) {
-        let kind = WorkloadKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == app.kind)
-            .unwrap_or(WorkloadKind::Deployment);
+    async fn publish(&self, app: &Application, reference: Option<&(String, String)>, reason: &str) {
         let reference = ObjectReference {
-            api_version: Some(kind.api_version().to_string()),
+            api_version: reference.map(|(v, _)| v.clone()),
             kind: Some(app.kind.clone()),
             namespace: Some(app.namespace.clone()),
             name: Some(app.name.clone()),
-            uid: uid.cloned(),
+            uid: reference.map(|(_, uid)| uid.clone()),
             ..ObjectReference::default()
         };
         let event = Event {

@@ -90,6 +90,11 @@ pub struct Inputs<'a> {
     /// Addresses of pools written by earlier passes that `pools` may not show yet (the watch
     /// lags the writes): never carved.
     pub pending: &'a [AddrSet],
+    /// The owner kinds whose every object `workloads` lists. An auto pool whose owner is of
+    /// another kind (one the controller no longer follows: its API was removed, or RBAC no
+    /// longer lets it be read) is left exactly as it is, never deleted as if its owner were
+    /// gone.
+    pub followed_kinds: &'a BTreeSet<String>,
 }
 
 /// What the controller does, in order.
@@ -129,6 +134,15 @@ pub enum Action {
     },
     /// Nothing to do until something else happens (a pool still being deleted).
     Wait { app: Application, reason: String },
+    /// The pool of a workload that is gone is deleted once its addresses are released: its
+    /// last pods are still terminating (the admission webhook refuses deleting a pool that holds
+    /// addresses, and nothing else would ask again when the claims go, so pass again soon).
+    WaitForRelease {
+        app: Application,
+        name: String,
+        /// How many of its addresses claims still hold.
+        held: u64,
+    },
 }
 
 fn describe(app: &Application) -> String {
@@ -351,7 +365,10 @@ pub fn plan(inputs: &Inputs, claimed: &mut dyn FnMut(&AddrSet) -> AddrSet) -> Ve
         let Some((app, _)) = pool.managed_owner() else {
             continue;
         };
-        if kept.contains(&pool.name) || pool.terminating {
+        if kept.contains(&pool.name)
+            || pool.terminating
+            || !inputs.followed_kinds.contains(&app.kind)
+        {
             continue;
         }
         let reclaim = match live.get(&app).map(|w| &w.wants) {
@@ -359,6 +376,15 @@ pub fn plan(inputs: &Inputs, claimed: &mut dyn FnMut(&AddrSet) -> AddrSet) -> Ve
             _ => pool.labels.get(RECLAIM_LABEL).map(String::as_str) != Some("false"),
         };
         if reclaim {
+            let held = pool.addresses.as_ref().map_or(0, |a| claimed(a).len());
+            if held > 0 {
+                actions.push(Action::WaitForRelease {
+                    app,
+                    name: pool.name.clone(),
+                    held,
+                });
+                continue;
+            }
             actions.push(Action::Delete {
                 app,
                 name: pool.name.clone(),
