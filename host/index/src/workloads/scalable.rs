@@ -109,8 +109,8 @@ impl WorkloadIndex {
     /// Follows `kind` from now on; the index is not [`ready`](WorkloadIndex::ready) until its
     /// first list arrived ([`WorkloadIndex::reset_scalable`]).
     pub fn follow(&mut self, kind: ScalableKind) {
-        if !self.followed.contains_key(&kind) {
-            self.followed.insert(kind, false);
+        if let std::collections::btree_map::Entry::Vacant(unfollowed) = self.followed.entry(kind) {
+            unfollowed.insert(false);
             self.generation += 1;
         }
     }
