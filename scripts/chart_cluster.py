@@ -590,12 +590,21 @@ class Rbac:
                 user = f"system:serviceaccount:{s['namespace']}:{s['name']}"
                 self.grants.append((user, ns, role.get("rules", [])))
 
+    # What Kubernetes' bootstrap roles grant every authenticated user (system:basic-user,
+    # system:discovery; https://kubernetes.io/docs/reference/access-authn-authz/rbac/#default-roles-and-role-bindings):
+    # asking what one may do, and discovery, which this server records as a resource-less read.
+    EVERYONE = [{"apiGroups": ["authorization.k8s.io"],
+                 "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                 "verbs": ["create"]}]
+
     def allows(self, user, r):
+        if not r["resource"] and r["verb"] in ("get", "list"):
+            return True  # /api, /apis: system:discovery
         resource = r["resource"] + (f"/{r['subresource']}" if r["subresource"] else "")
         name = r["name"]
         if r["verb"] in ("list", "watch") and r["fieldSelector"].startswith("metadata.name="):
             name = r["fieldSelector"].split("=", 1)[1].split(",")[0]
-        for who, ns, rules in self.grants:
+        for who, ns, rules in [*self.grants, (user, None, self.EVERYONE)]:
             if who != user or (ns is not None and ns != r["namespace"]):
                 continue
             for rule in rules:

@@ -215,6 +215,14 @@ def check_values():
         and "deployments" not in rule_resources(F, "allot-controller")
         and "deployments" in rule_resources(D, "allot-controller"),
         "controller.autoPools.resyncSeconds": lambda: has(ctrl, "--auto-pool-resync-seconds=120"),
+        "controller.autoPools.discoverySeconds": lambda: has(ctrl, "--auto-pool-discovery-seconds=30"),
+        # Each entry grants its resources and their scale; auto-pools off grants none.
+        "controller.autoPools.scalableWorkloads": lambda: {
+            "clonesets", "clonesets/scale", "statefulsets/scale"} <= rule_resources(D, "allot-controller")
+        and "clonesets" not in rule_resources(F, "allot-controller")
+        and (lambda r: "rollouts/scale" in r and "clonesets" not in r)(rule_resources(render(
+            "--set-json", 'controller.autoPools.scalableWorkloads=[{"group":"argoproj.io","resources":["rollouts"]}]'),
+            "allot-controller")),
         # Unset: on the host network exactly when allot's conflist is the pod network.
         "controller.hostNetwork": lambda: cpod.get("hostNetwork") is True
         and "hostNetwork" not in pod_spec(D, "Deployment", "allot-controller")
