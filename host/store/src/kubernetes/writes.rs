@@ -12,7 +12,7 @@ use super::mirror::Block;
 use super::{Backend, LIST_PAGE, MAX_ATTEMPTS, attempt, request};
 
 /// After losing write `lost` (0-based) of a block to other writers, waits a random moment of up
-/// to 2 ms per write lost so far (at most 16 ms), so that writers racing for one block spread
+/// to 2 ms per write lost so far (at most 32 ms), so that writers racing for one block spread
 /// out instead of reading and losing again in lockstep: without it, one of 16 threads claiming
 /// distinct addresses of one block lost 16 writes in a row on a busy real API server. The same
 /// idea as client-go's `retry.RetryOnConflict` (a jittered backoff between attempts).
@@ -22,7 +22,7 @@ async fn pause_after_lost_write(lost: usize) {
     let random = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();
-    let most_micros = 2_000 * (lost.min(7) as u64 + 1);
+    let most_micros = 2_000 * (lost.min(15) as u64 + 1);
     tokio::time::sleep(std::time::Duration::from_micros(random % most_micros)).await;
 }
 
