@@ -62,6 +62,10 @@ pub struct AutoPoolArgs {
     /// later, such as OpenKruise's CloneSet, is followed from the next time on).
     #[arg(long = "auto-pool-discovery-seconds", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub discovery_seconds: u64,
+    /// A kind with a scale subresource whose first list fails this long is given up for ten
+    /// minutes (its workloads' pools stay as they are), so that the others' passes go on.
+    #[arg(long = "auto-pool-first-list-seconds", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub first_list_seconds: u64,
 }
 
 impl Default for AutoPoolArgs {
@@ -70,6 +74,7 @@ impl Default for AutoPoolArgs {
             enabled: true,
             resync_seconds: 60,
             discovery_seconds: 60,
+            first_list_seconds: 60,
         }
     }
 }
@@ -99,6 +104,7 @@ impl AutoPools {
             index.clone(),
             self.client.clone(),
             Duration::from_secs(self.args.discovery_seconds),
+            Duration::from_secs(self.args.first_list_seconds),
         ));
         let recorder = crate::events::Events::new(self.client.clone(), &self.instance);
         let reconciler = Passes {

@@ -200,6 +200,7 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
                 enabled: true,
                 resync_seconds: 1,
                 discovery_seconds: 1,
+                first_list_seconds: 3,
             },
             instance: "controller-0".into(),
         };
@@ -385,6 +386,7 @@ fn a_cloneset_gets_an_auto_pool_sized_through_its_scale_subresource() {
                 enabled: true,
                 resync_seconds: 1,
                 discovery_seconds: 1,
+                first_list_seconds: 3,
             },
             instance: "controller-0".into(),
         };
@@ -446,6 +448,108 @@ fn a_cloneset_gets_an_auto_pool_sized_through_its_scale_subresource() {
         pool_of(&server, "web").is_none().then_some(())
     });
     assert!(pool_of(&server, "old").is_some());
+
+    let _ = stop.send(());
+    runtime.block_on(controller).unwrap();
+    drop(runtime);
+}
+
+/// A kind with a scale subresource whose objects cannot be listed (its conversion webhook is
+/// unreachable, so a list of its preferred version fails) is given up after
+/// `--auto-pool-first-list-seconds`: a Deployment's auto pool is carved meanwhile instead of
+/// waiting forever for that kind's first list.
+#[test]
+fn a_scalable_kind_that_cannot_be_listed_does_not_hold_the_other_workloads() {
+    let Some(server) = LoopbackControlPlane::for_test(
+        "a_scalable_kind_that_cannot_be_listed_does_not_hold_the_other_workloads",
+        Default::default(),
+    ) else {
+        return;
+    };
+    server.apply_crds(&allot_k8s::crds()).unwrap();
+    let version = |name: &str, storage: bool| {
+        json!({"name": name, "served": true, "storage": storage,
+               "subresources": {"scale": {"specReplicasPath": ".spec.replicas",
+                                          "statusReplicasPath": ".status.replicas"}},
+               "schema": {"openAPIV3Schema": {"type": "object",
+                                              "x-kubernetes-preserve-unknown-fields": true}}})
+    };
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "gadgets.broken.example.com"},
+        "spec": {"group": "broken.example.com", "scope": "Namespaced",
+                 "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+                 "versions": [version("v1", true), version("v2", false)],
+                 "conversion": {"strategy": "Webhook", "webhook": {
+                     "conversionReviewVersions": ["v1"],
+                     "clientConfig": {"url": "https://127.0.0.1:9/convert"}}}},
+    }))
+    .unwrap();
+    server.apply_crds(&[crd]).unwrap();
+    server.create_namespace("team-a", json!({})).unwrap();
+    // Stored as v1; listing v2 (the preferred version) needs the unreachable webhook.
+    server
+        .create(
+            "gadgets",
+            json!({"apiVersion": "broken.example.com/v1", "kind": "Gadget",
+                   "metadata": {"namespace": "team-a", "name": "g"}, "spec": {"replicas": 1}}),
+        )
+        .unwrap();
+    server
+        .create(
+            "subnets",
+            json!({"apiVersion": "allot.dev/v1alpha1", "kind": "Subnet",
+               "metadata": {"name": "subnet-a"},
+               "spec": {"subnet": "10.20.0.0/24", "ips": ["10.20.0.10-10.20.0.40"],
+                        "gateway": "10.20.0.1"}}),
+        )
+        .unwrap();
+    server.create("deployments", deployment("web", 2)).unwrap();
+
+    let store: Arc<dyn Store> = Arc::new(
+        KubeStore::connect(&KubeConfig {
+            kubeconfig: Some(server.kubeconfig().to_path_buf()),
+            ..KubeConfig::default()
+        })
+        .unwrap(),
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let controller = {
+        let client = runtime
+            .block_on(allot_lab::kube_client(server.kubeconfig()))
+            .unwrap();
+        let _guard = runtime.enter();
+        let auto_pools = AutoPools {
+            client,
+            store,
+            leadership: Leadership::always(),
+            args: AutoPoolArgs {
+                enabled: true,
+                resync_seconds: 1,
+                discovery_seconds: 1,
+                first_list_seconds: 3,
+            },
+            instance: "controller-0".into(),
+        };
+        runtime.spawn(auto_pools.run(async {
+            let _ = stopped.await;
+        }))
+    };
+
+    eventually("web's pool, with the broken kind given up", || {
+        pool_of(&server, "web").filter(|(_, ips)| ips.len() == 3)
+    });
+    let failed_lists = allot_lab::audit::read(server.logs())
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.resource == "broken.example.com/gadgets" && r.verb == "list")
+        .filter(|r| r.code >= 500)
+        .count();
+    assert!(
+        failed_lists > 0,
+        "the broken kind was followed (and its lists failed) before it was given up"
+    );
 
     let _ = stop.send(());
     runtime.block_on(controller).unwrap();

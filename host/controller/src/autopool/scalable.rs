@@ -9,7 +9,9 @@
 //! list and watch it and get its scale (the chart's `controller.autoPools.scalableWorkloads`
 //! grants that per group): a kind it may not read is logged once with what to add, never
 //! watched into refusals, and its auto pools are left as they are. A kind that disappears from
-//! discovery (its CustomResourceDefinition removed) or stops being readable is unfollowed.
+//! discovery (its CustomResourceDefinition removed) or stops being readable is unfollowed; so,
+//! for ten minutes, is one whose first list has not arrived within a minute (its workloads wait
+//! for it, the others do not).
 //!
 //! Kinds are told apart by their name in the pools' `owner-application-kind` label, as pods'
 //! owners are: an `apps.kruise.io` StatefulSet and an `apps` StatefulSet of the same name in
@@ -17,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use allot_index::{ScalableKind, ScaleRead, Shared, WorkloadIndex};
 use futures::StreamExt;
@@ -31,6 +33,9 @@ use tokio::task::AbortHandle;
 
 /// How often a count that could not be read is read again.
 const REREAD_EVERY: Duration = Duration::from_secs(15);
+
+/// How long a kind given up stays so before it is tried again.
+const GIVEN_UP_FOR: Duration = Duration::from_secs(600);
 
 /// The kinds the index reads typed.
 const TYPED: [(&str, &str); 3] = [
@@ -108,11 +113,32 @@ async fn readable(client: &kube::Client, kind: &ScalableKind) -> Result<bool, ku
         && allowed(client, kind, "get", Some("scale")).await?)
 }
 
-/// Follows the scalable kinds the controller may read until dropped (the caller aborts it).
-pub async fn follow(index: Arc<Shared<WorkloadIndex>>, client: kube::Client, every: Duration) {
+/// Follows the scalable kinds the controller may read until dropped (the caller aborts it),
+/// asking discovery `every` so often. Until a followed kind's first list, the auto-pool passes
+/// of every workload wait, so one broken API (a CRD whose conversion webhook is down, say) must
+/// not hold the others: a kind not listed within `first_list_within` is given up for
+/// [`GIVEN_UP_FOR`].
+pub async fn follow(
+    index: Arc<Shared<WorkloadIndex>>,
+    client: kube::Client,
+    every: Duration,
+    first_list_within: Duration,
+) {
     let mut watched: BTreeMap<ScalableKind, Watch> = BTreeMap::new();
     let mut refused_logged: BTreeSet<ScalableKind> = BTreeSet::new();
+    let mut given_up: BTreeMap<ScalableKind, Instant> = BTreeMap::new();
     loop {
+        // A watch that ended gave its kind up (see `feed`): tried again after a while.
+        let ended: Vec<ScalableKind> = watched
+            .iter()
+            .filter(|(_, w)| w.0.is_finished())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for kind in ended {
+            watched.remove(&kind);
+            given_up.insert(kind, Instant::now());
+        }
+        given_up.retain(|_, since| since.elapsed() < GIVEN_UP_FOR);
         match discover(&client).await {
             Ok(kinds) => {
                 let mut wanted = BTreeSet::new();
@@ -154,12 +180,17 @@ pub async fn follow(index: Arc<Shared<WorkloadIndex>>, client: kube::Client, eve
                     tracing::info!(kind = %kind, "no longer followed for auto pools");
                 }
                 for kind in wanted {
-                    if watched.contains_key(&kind) {
+                    if watched.contains_key(&kind) || given_up.contains_key(&kind) {
                         continue;
                     }
                     tracing::info!(kind = %kind, "following its workloads for auto pools");
                     index.update(|i| i.follow(kind.clone()));
-                    let task = tokio::spawn(feed(index.clone(), client.clone(), kind.clone()));
+                    let task = tokio::spawn(feed(
+                        index.clone(),
+                        client.clone(),
+                        kind.clone(),
+                        first_list_within,
+                    ));
                     watched.insert(kind, Watch(task.abort_handle()));
                 }
             }
@@ -215,12 +246,19 @@ async fn read_if_due(
 
 /// Watches `kind` into the index, reading replica counts where due, and again every
 /// [`REREAD_EVERY`] those that could not be read.
-async fn feed(index: Arc<Shared<WorkloadIndex>>, client: kube::Client, kind: ScalableKind) {
+async fn feed(
+    index: Arc<Shared<WorkloadIndex>>,
+    client: kube::Client,
+    kind: ScalableKind,
+    first_list_within: Duration,
+) {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut listing: Option<Vec<(DynamicObject, ScaleRead)>> = None;
     let mut failing = false;
+    let started = Instant::now();
+    let mut listed = false;
     let mut reread = tokio::time::interval(REREAD_EVERY);
     loop {
         tokio::select! {
@@ -232,6 +270,17 @@ async fn feed(index: Arc<Shared<WorkloadIndex>>, client: kube::Client, kind: Sca
                         e
                     }
                     Err(e) => {
+                        if !listed && started.elapsed() > first_list_within {
+                            tracing::warn!(
+                                kind = %kind,
+                                "cannot list it ({e}): its workloads get no auto-pool changes \
+                                 (their pools stay as they are) while the others go on; trying \
+                                 again in {} minutes",
+                                GIVEN_UP_FOR.as_secs() / 60
+                            );
+                            index.update(|i| i.unfollow(&kind));
+                            return;
+                        }
                         if !failing {
                             tracing::warn!(kind = %kind, "watch failed, retrying with backoff: {e}");
                         }
@@ -253,6 +302,7 @@ async fn feed(index: Arc<Shared<WorkloadIndex>>, client: kube::Client, kind: Sca
                     watcher::Event::InitDone => {
                         let all = listing.take().unwrap_or_default();
                         index.update(|i| i.reset_scalable(&kind, all));
+                        listed = true;
                     }
                 }
             }
