@@ -1,8 +1,11 @@
-//! A full GC scan of 150,000 claims against cached pods.
+//! A full GC scan of 150,000 claims against cached pods, on two API servers in one run: the
+//! in-memory one (tests/apiserver) and a real kube-apiserver with etcd
+//! (`allot_lab::LoopbackControlPlane`, built by `scripts/setup.sh`; skipped with a line when its
+//! binaries are missing).
 //!
-//! The claims live in 2,344 IPBlocks of the in-memory API server and are read through the real
-//! Kubernetes store (its watch-fed mirror), as the controller reads them; 150,000 pods are in
-//! the controller's index, 1% of them deleted (their DEL never came). Timed:
+//! The claims live in 2,344 IPBlocks and are read through the real Kubernetes store (its
+//! watch-fed mirror), as the controller reads them; 150,000 pods are in the controller's index,
+//! 1% of them deleted (their DEL never came). Timed:
 //! 1. the first scan: every claim decided, the 1,500 leaks seen once;
 //! 2. the second scan past the grace period: every claim decided again, the 1,500 leaks
 //!    re-read from the API (404), released in batches, Events recorded;
@@ -22,6 +25,7 @@ use allot_controller::metrics::Metrics;
 use allot_core::block::{block_name, block_of};
 use allot_core::store::{Clock, Store, system_clock};
 use allot_index::{ClusterIndex, IndexResource, Shared};
+use allot_lab::{LoopbackControlPlane, LoopbackOptions};
 use allot_store::{KubeConfig, KubeStore};
 use allot_test_apiserver::ApiServer;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -77,7 +81,6 @@ fn node(i: usize) -> Node {
 }
 
 fn main() {
-    let server = ApiServer::new();
     let mut blocks: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     for i in 0..CLAIMS {
         let a = address(i);
@@ -92,23 +95,80 @@ fn main() {
             .or_default()
             .insert(a.to_string(), claim);
     }
-    let block_count = blocks.len();
-    for (name, claims) in blocks {
-        let cidr = allot_core::block::block_named(&name).unwrap().to_string();
-        server.insert(
-            "ipblocks",
+    let objects: Vec<Value> = blocks
+        .into_iter()
+        .map(|(name, claims)| {
+            let cidr = allot_core::block::block_named(&name).unwrap().to_string();
             json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPBlock",
-                   "metadata": {"name": name}, "spec": {"cidr": cidr, "claims": claims}}),
+                   "metadata": {"name": name}, "spec": {"cidr": cidr, "claims": claims}})
+        })
+        .collect();
+
+    {
+        let server = ApiServer::new();
+        for o in &objects {
+            server.insert("ipblocks", o.clone());
+        }
+        let s = server.clone();
+        let store: Arc<dyn Store> = Arc::new(
+            KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
+                Ok(s.client())
+            })
+            .expect("the store lists the blocks"),
+        );
+        scan(
+            "the in-memory API server",
+            objects.len(),
+            store,
+            move |_| server.client(),
         );
     }
-    let s = server.clone();
+
+    let plane = match LoopbackControlPlane::start(LoopbackOptions::default()) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("a real kube-apiserver: skipped ({e:#}); run scripts/setup.sh");
+            return;
+        }
+    };
+    plane.apply_crds(&allot_k8s::crds()).unwrap();
+    let t = Instant::now();
+    for o in &objects {
+        plane.create("ipblocks", o.clone()).unwrap();
+    }
+    println!(
+        "{} IPBlocks created in the real API server in {:.1} s",
+        objects.len(),
+        t.elapsed().as_secs_f64()
+    );
     let store: Arc<dyn Store> = Arc::new(
-        KubeStore::open_with(&KubeConfig::default(), system_clock(), move || async move {
-            Ok(s.client())
+        KubeStore::connect(&KubeConfig {
+            kubeconfig: Some(plane.kubeconfig().to_path_buf()),
+            ..KubeConfig::default()
         })
         .expect("the store lists the blocks"),
     );
+    let kubeconfig = plane.kubeconfig().to_path_buf();
+    scan(
+        "a real kube-apiserver (etcd 3.6, Kubernetes 1.35)",
+        objects.len(),
+        store,
+        move |runtime| {
+            runtime
+                .block_on(allot_lab::kube_client(&kubeconfig))
+                .unwrap()
+        },
+    );
+}
 
+/// Indexes the pods, then times three scans over the claims `store` reads, the leaks re-read
+/// with the client `client` makes on the runtime the scans run on.
+fn scan(
+    server: &str,
+    block_count: usize,
+    store: Arc<dyn Store>,
+    client: impl FnOnce(&tokio::runtime::Runtime) -> kube::Client,
+) {
     let t = Instant::now();
     let mut index = ClusterIndex::new();
     IndexResource::<Pod>::reset(
@@ -139,7 +199,7 @@ fn main() {
     let mut gc = Collector::new(
         store.clone(),
         index,
-        Arc::new(ApiReader::new(server.client(), "bench")),
+        Arc::new(ApiReader::new(client(&runtime), "bench")),
         GcSettings::default(),
         Leadership::always(),
         Arc::new(Metrics::new()),
@@ -151,7 +211,8 @@ fn main() {
 
     let timed = |gc: &mut Collector| {
         let t = Instant::now();
-        let pass = runtime.block_on(gc.scan()).unwrap();
+        let pass = runtime.block_on(gc.scan());
+        let pass = pass.unwrap_or_else(|e| panic!("a scan after {:?}: {e}", t.elapsed()));
         (t.elapsed(), pass)
     };
     let (first, p1) = timed(&mut gc);
@@ -161,29 +222,30 @@ fn main() {
     let (third, p3) = timed(&mut gc);
 
     let secs = |d: Duration| d.as_secs_f64();
+    println!("on {server}:");
     println!(
-        "{CLAIMS} claims in {block_count} IPBlocks, {} pods cached ({:.2} s to index); the \
+        "  {CLAIMS} claims in {block_count} IPBlocks, {} pods cached ({:.2} s to index); the \
          store's all() returns {all} claims in {:.3} s",
         CLAIMS - CLAIMS / LEAKED_EVERY,
         secs(indexed),
         secs(read)
     );
     println!(
-        "scan 1 (first sighting): {:.3} s, {} claims, {} leaked, {} released",
+        "  scan 1 (first sighting): {:.3} s, {} claims, {} leaked, {} released",
         secs(first),
         p1.claims,
         p1.leaked,
         p1.released.len()
     );
     println!(
-        "scan 2 (past grace: fresh reads, releases, Events): {:.3} s, {} claims, {} leaked, {} released",
+        "  scan 2 (past grace: fresh reads, releases, Events): {:.3} s, {} claims, {} leaked, {} released",
         secs(second),
         p2.claims,
         p2.leaked,
         p2.released.len()
     );
     println!(
-        "scan 3 (nothing to release): {:.3} s, {} claims, {} leaked",
+        "  scan 3 (nothing to release): {:.3} s, {} claims, {} leaked",
         secs(third),
         p3.claims,
         p3.leaked

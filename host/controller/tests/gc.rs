@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_controller::gc::{ApiReader, Collector, GcSettings};
+use allot_controller::gc::{ApiReader, Collector, GcSettings, RELEASE_BATCH};
 use allot_controller::lease::{Leadership, LeaseConfig, elect};
 use allot_controller::metrics::Metrics;
 use allot_core::gc::LeakReason;
@@ -440,12 +440,12 @@ async fn a_leader_that_loses_its_lease_mid_scan_stops_releasing() {
     let mut gc = s.collector(&index, leadership.clone());
     gc.scan().await.unwrap();
     s.clock.advance(60);
-    // Each fresh read of a pod takes a while: the scan's three batches take about a second.
+    // Each fresh read of a pod takes a while: each of the scan's 30 batches takes half a second.
     s.server.delay("get", "pods", Duration::from_millis(5));
     let scan = tokio::spawn(async move { gc.scan().await.unwrap() });
     // Once the first batch is released, another replica takes the lease over.
     tokio::time::timeout(Duration::from_secs(30), async {
-        while s.store.all().unwrap().len() > LEAKS - 1000 {
+        while s.store.all().unwrap().len() > LEAKS - RELEASE_BATCH {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
@@ -460,10 +460,10 @@ async fn a_leader_that_loses_its_lease_mid_scan_stops_releasing() {
     assert!(!leadership.is_leading());
     assert_eq!(
         pass.released.len(),
-        1000,
+        RELEASE_BATCH,
         "only the batch released before the loss"
     );
-    assert_eq!(s.store.all().unwrap().len(), LEAKS - 1000);
+    assert_eq!(s.store.all().unwrap().len(), LEAKS - RELEASE_BATCH);
     let _ = stop.send(());
     election.await.unwrap();
 }
