@@ -147,6 +147,63 @@ fn chosen_by_default_policy(
     Some(inventory.pools[index as usize].name.clone())
 }
 
+/// The auto-pool controller against `server` (leading; passes, discovery and the first-list
+/// limit of a few seconds), its claims in the server's IPBlocks; stopped by [`Controller::stop`].
+struct Controller {
+    runtime: tokio::runtime::Runtime,
+    store: Arc<dyn Store>,
+    client: kube::Client,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Controller {
+    fn start(server: &LoopbackControlPlane) -> Controller {
+        let store: Arc<dyn Store> = Arc::new(
+            KubeStore::connect(&KubeConfig {
+                kubeconfig: Some(server.kubeconfig().to_path_buf()),
+                ..KubeConfig::default()
+            })
+            .unwrap(),
+        );
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let client = runtime
+            .block_on(allot_lab::kube_client(server.kubeconfig()))
+            .unwrap();
+        let task = {
+            let _guard = runtime.enter();
+            let auto_pools = AutoPools {
+                client: client.clone(),
+                store: store.clone(),
+                leadership: Leadership::always(),
+                args: AutoPoolArgs {
+                    enabled: true,
+                    resync_seconds: 1,
+                    discovery_seconds: 1,
+                    first_list_seconds: 3,
+                },
+                instance: "controller-0".into(),
+            };
+            runtime.spawn(auto_pools.run(async {
+                let _ = stopped.await;
+            }))
+        };
+        Controller {
+            runtime,
+            store,
+            client,
+            stop,
+            task,
+        }
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+        self.runtime.block_on(self.task).unwrap();
+    }
+}
+
 #[test]
 fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
     let Some(server) = LoopbackControlPlane::for_test(
@@ -178,36 +235,7 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
     server.create("deployments", deployment("web", 2)).unwrap();
     server.create("deployments", deployment("api", 3)).unwrap();
 
-    let store: Arc<dyn Store> = Arc::new(
-        KubeStore::connect(&KubeConfig {
-            kubeconfig: Some(server.kubeconfig().to_path_buf()),
-            ..KubeConfig::default()
-        })
-        .unwrap(),
-    );
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let controller = {
-        let client = runtime
-            .block_on(allot_lab::kube_client(server.kubeconfig()))
-            .unwrap();
-        let _guard = runtime.enter();
-        let auto_pools = AutoPools {
-            client,
-            store: store.clone(),
-            leadership: Leadership::always(),
-            args: AutoPoolArgs {
-                enabled: true,
-                resync_seconds: 1,
-                discovery_seconds: 1,
-                first_list_seconds: 3,
-            },
-            instance: "controller-0".into(),
-        };
-        runtime.spawn(auto_pools.run(async {
-            let _ = stopped.await;
-        }))
-    };
+    let controller = Controller::start(&server);
 
     // 2 replicas + 1, 3 replicas + 1.
     let (web_pool, web) = eventually("web's pool", || {
@@ -242,7 +270,7 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
             )
         })
         .collect();
-    store.claim(&claims).unwrap();
+    controller.store.claim(&claims).unwrap();
 
     // Scaled to 5: 6 addresses, keeping the 3 it had.
     scale(&server, 5);
@@ -275,7 +303,8 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(pool_of(&server, "web").unwrap().1.len(), 2, "still held");
     for n in 0..claimed.len() {
-        store
+        controller
+            .store
             .release_attachment(&attachment(&format!("c{n}"), "eth0"))
             .unwrap();
     }
@@ -289,9 +318,7 @@ fn a_deployment_scaled_up_down_and_deleted_with_a_second_one_beside_it() {
             .any(|p| p["metadata"]["name"] == "manual")
     );
 
-    let _ = stop.send(());
-    runtime.block_on(controller).unwrap();
-    drop(runtime);
+    controller.stop();
 }
 
 /// OpenKruise's CloneSet CRD at the pinned release (`scripts/fetch-peer-crds.sh`).
@@ -364,36 +391,7 @@ fn a_cloneset_gets_an_auto_pool_sized_through_its_scale_subresource() {
         )
         .unwrap();
 
-    let store: Arc<dyn Store> = Arc::new(
-        KubeStore::connect(&KubeConfig {
-            kubeconfig: Some(server.kubeconfig().to_path_buf()),
-            ..KubeConfig::default()
-        })
-        .unwrap(),
-    );
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let client = runtime
-        .block_on(allot_lab::kube_client(server.kubeconfig()))
-        .unwrap();
-    let controller = {
-        let _guard = runtime.enter();
-        let auto_pools = AutoPools {
-            client: client.clone(),
-            store,
-            leadership: Leadership::always(),
-            args: AutoPoolArgs {
-                enabled: true,
-                resync_seconds: 1,
-                discovery_seconds: 1,
-                first_list_seconds: 3,
-            },
-            instance: "controller-0".into(),
-        };
-        runtime.spawn(auto_pools.run(async {
-            let _ = stopped.await;
-        }))
-    };
+    let controller = Controller::start(&server);
 
     // 2 replicas + 1, chosen by the default policy for the CloneSet's pods.
     let (pool, _) = eventually("web's pool", || {
@@ -414,14 +412,15 @@ fn a_cloneset_gets_an_auto_pool_sized_through_its_scale_subresource() {
 
     // Scaled through its scale subresource, as `kubectl scale` does.
     let clonesets: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
+        controller.client.clone(),
         "team-a",
         &ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("apps.kruise.io", "v1alpha1", "CloneSet"),
             "clonesets",
         ),
     );
-    runtime
+    controller
+        .runtime
         .block_on(clonesets.patch_scale(
             "web",
             &PatchParams::default(),
@@ -449,9 +448,7 @@ fn a_cloneset_gets_an_auto_pool_sized_through_its_scale_subresource() {
     });
     assert!(pool_of(&server, "old").is_some());
 
-    let _ = stop.send(());
-    runtime.block_on(controller).unwrap();
-    drop(runtime);
+    controller.stop();
 }
 
 /// A kind with a scale subresource whose objects cannot be listed (its conversion webhook is
@@ -506,36 +503,7 @@ fn a_scalable_kind_that_cannot_be_listed_does_not_hold_the_other_workloads() {
         .unwrap();
     server.create("deployments", deployment("web", 2)).unwrap();
 
-    let store: Arc<dyn Store> = Arc::new(
-        KubeStore::connect(&KubeConfig {
-            kubeconfig: Some(server.kubeconfig().to_path_buf()),
-            ..KubeConfig::default()
-        })
-        .unwrap(),
-    );
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let controller = {
-        let client = runtime
-            .block_on(allot_lab::kube_client(server.kubeconfig()))
-            .unwrap();
-        let _guard = runtime.enter();
-        let auto_pools = AutoPools {
-            client,
-            store,
-            leadership: Leadership::always(),
-            args: AutoPoolArgs {
-                enabled: true,
-                resync_seconds: 1,
-                discovery_seconds: 1,
-                first_list_seconds: 3,
-            },
-            instance: "controller-0".into(),
-        };
-        runtime.spawn(auto_pools.run(async {
-            let _ = stopped.await;
-        }))
-    };
+    let controller = Controller::start(&server);
 
     eventually("web's pool, with the broken kind given up", || {
         pool_of(&server, "web").filter(|(_, ips)| ips.len() == 3)
@@ -551,9 +519,7 @@ fn a_scalable_kind_that_cannot_be_listed_does_not_hold_the_other_workloads() {
         "the broken kind was followed (and its lists failed) before it was given up"
     );
 
-    let _ = stop.send(());
-    runtime.block_on(controller).unwrap();
-    drop(runtime);
+    controller.stop();
 }
 
 /// Deployment web scaled to `replicas`, as `kubectl scale` does.

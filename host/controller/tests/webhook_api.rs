@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use allot_controller::webhook::certs::{CertPolicy, Material, MaterialError, renew, service_names};
+use allot_controller::webhook::certs::{CertPolicy, Material, fresh, service_names};
 use allot_controller::webhook::configs::{self, Outcome, Target};
 use allot_controller::webhook::secret::{self, unix_now};
 use allot_test_apiserver::verifier::{self, ApiServerVerifier, answer};
@@ -36,17 +36,7 @@ fn material(policy: &CertPolicy) -> Material {
 
 /// Material made at `at` (Unix seconds): in the past, to be due for renewal now.
 fn made_at(policy: &CertPolicy, at: i64) -> Material {
-    renew(
-        Err(&MaterialError::NoSecret),
-        &names(),
-        policy,
-        at,
-        true,
-        false,
-    )
-    .unwrap()
-    .unwrap()
-    .material
+    fresh(&names(), policy, at).unwrap()
 }
 
 /// `m` as the Secret stored at `rv`.

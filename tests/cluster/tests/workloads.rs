@@ -37,6 +37,31 @@ spec:
     )
 }
 
+/// The Subnets auto-v4 (198.51.100.224-.254) and auto-v6 (2001:db8:1ab::G:0/112, G =
+/// `v6_group`) a test carves auto pools from.
+fn apply_auto_subnets(s: &Suite, v6_group: u16) {
+    s.must_apply(&subnet_yaml(
+        "auto-v4",
+        "198.51.100.0/24",
+        "198.51.100.1",
+        "198.51.100.224-198.51.100.254",
+    ));
+    s.must_apply(&subnet_yaml(
+        "auto-v6",
+        "2001:db8:1ab::/64",
+        "2001:db8:1ab::1",
+        &format!("2001:db8:1ab::{v6_group:x}:0-2001:db8:1ab::{v6_group:x}:ffff"),
+    ));
+}
+
+/// Whether every one of `ips` lies in the Subnets [`apply_auto_subnets`] made.
+fn from_auto_subnets(ips: &[IpAddr], v6_group: u16) -> bool {
+    ips.iter().all(|ip| match ip {
+        IpAddr::V4(v) => v.octets()[3] >= 224,
+        IpAddr::V6(v) => v.segments()[6] == v6_group,
+    })
+}
+
 /// The auto-pools of workload `ns/owner`: per family, its size.
 async fn auto_pool_sizes(client: &kube::Client, ns: &str, owner: &str) -> Vec<(String, u128)> {
     let api: Api<IPPool> = Api::all(client.clone());
@@ -104,24 +129,8 @@ async fn a_subnet_auto_pool_follows_its_deployment() {
         return;
     };
     let ns = s.namespace("auto").await;
-    s.must_apply(&subnet_yaml(
-        "auto-v4",
-        "198.51.100.0/24",
-        "198.51.100.1",
-        "198.51.100.224-198.51.100.254",
-    ));
-    s.must_apply(&subnet_yaml(
-        "auto-v6",
-        "2001:db8:1ab::/64",
-        "2001:db8:1ab::1",
-        "2001:db8:1ab::3:0-2001:db8:1ab::3:ffff",
-    ));
-    let from_auto_pools = |ips: &[IpAddr]| {
-        ips.iter().all(|ip| match ip {
-            IpAddr::V4(v) => v.octets()[3] >= 224,
-            IpAddr::V6(v) => v.segments()[6] == 3,
-        })
-    };
+    apply_auto_subnets(&s, 3);
+    let from_auto_pools = |ips: &[IpAddr]| from_auto_subnets(ips, 3);
 
     s.must_apply(&auto_deployment(&ns, 2));
     sizes(&s, &ns, &[("v4", 3), ("v6", 3)]).await;
@@ -240,18 +249,7 @@ async fn a_cloneset_gets_auto_pools_like_a_deployment() {
         ],
     );
     let ns = s.namespace("kruise").await;
-    s.must_apply(&subnet_yaml(
-        "auto-v4",
-        "198.51.100.0/24",
-        "198.51.100.1",
-        "198.51.100.224-198.51.100.254",
-    ));
-    s.must_apply(&subnet_yaml(
-        "auto-v6",
-        "2001:db8:1ab::/64",
-        "2001:db8:1ab::1",
-        "2001:db8:1ab::7:0-2001:db8:1ab::7:ffff",
-    ));
+    apply_auto_subnets(&s, 7);
     let template = r#"
   selector: {matchLabels: {app: clone}}
   template:
@@ -280,13 +278,7 @@ async fn a_cloneset_gets_auto_pools_like_a_deployment() {
             "jsonpath={.metadata.uid}",
         ],
     );
-    let from_auto_pools = |ips: &[IpAddr]| {
-        ips.len() == 2
-            && ips.iter().all(|ip| match ip {
-                IpAddr::V4(v) => v.octets()[3] >= 224,
-                IpAddr::V6(v) => v.segments()[6] == 7,
-            })
-    };
+    let from_auto_pools = |ips: &[IpAddr]| ips.len() == 2 && from_auto_subnets(ips, 7);
     for instance in ["a1b2c", "d3e4f"] {
         s.must_apply(&cloneset_pod(&ns, &uid, instance));
     }

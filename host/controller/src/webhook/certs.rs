@@ -407,7 +407,9 @@ fn serving_problem(
 }
 
 /// A new CA, a serving certificate it signs, and a bundle of that CA alone.
-fn fresh(names: &[String], policy: &CertPolicy, now: i64) -> Result<Material, rcgen::Error> {
+/// New material made at `now` (Unix seconds): a CA, and a serving certificate for `names`
+/// signed by it; what [`renew`] writes when nothing usable is stored.
+pub fn fresh(names: &[String], policy: &CertPolicy, now: i64) -> Result<Material, rcgen::Error> {
     let (ca_cert, ca_key) = new_ca(policy, now)?;
     let ca_not_after = now + policy.ca_validity.as_secs() as i64;
     let (tls_cert, tls_key) = new_serving(&ca_cert, &ca_key, ca_not_after, names, policy, now)?;
