@@ -358,7 +358,10 @@ pub fn handles_see_each_others_changes<L, S: Store>(location: &L, open: impl Fn(
     assert_eq!(kinds(&seen), [(ip("10.0.0.1"), ChangeKind::Released)]);
 }
 
-/// Revisions never go backwards across a reopen, so a reader's revision stays meaningful.
+/// Revisions never go backwards across a reopen, so a reader's revision stays meaningful. They
+/// may move forward without a change of this store's: the Kubernetes store's revision follows
+/// the API server's resourceVersion, which every other object's write (the API server renewing
+/// its own Lease) advances too; seen once in `make test`, one version apart.
 pub fn revision_survives_reopen<L, S: Store>(location: &L, open: impl Fn(&L) -> S) {
     let before = {
         let store = open(location);
@@ -371,11 +374,18 @@ pub fn revision_survives_reopen<L, S: Store>(location: &L, open: impl Fn(&L) -> 
         revision(&store)
     };
     let store = open(location);
-    assert_eq!(revision(&store), before);
+    let reopened = revision(&store);
+    assert!(
+        reopened >= before,
+        "the revision went back across a reopen: {before} -> {reopened}"
+    );
     let a = attachment("c2", "eth0");
     must(
         "claim",
         store.claim(&[claim("10.0.0.2", "p", Some(&a), &pod("ns", "p", "u"), T0)]),
     );
-    assert!(revision(&store) > before, "a new change has a new revision");
+    assert!(
+        revision(&store) > reopened,
+        "a new change has a new revision"
+    );
 }
