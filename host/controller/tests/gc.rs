@@ -77,9 +77,15 @@ impl Setup {
         typed(self.running_json(pod_json(ns, name, "node-1")))
     }
 
-    /// The Events recorded (events.k8s.io/v1).
+    /// The Events the collector recorded (events.k8s.io/v1). The API server records its own
+    /// too (its Service IP repair loop, about Services of `default`), so only allot's count.
     fn events(&self) -> Vec<Value> {
-        self.server.list("events.k8s.io/v1", "events").unwrap()
+        self.server
+            .list("events.k8s.io/v1", "events")
+            .unwrap()
+            .into_iter()
+            .filter(|e| e["reportingController"] == "allot-controller")
+            .collect()
     }
 
     fn held(&self) -> Vec<String> {
