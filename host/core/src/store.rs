@@ -38,6 +38,32 @@ impl PodRef {
         self.owner_kind.as_deref() == Some("StatefulSet")
     }
 
+    /// The KubeVirt virtual machine whose launcher pod this is (a claim made for it is held
+    /// for the VM, not the pod: every launcher pod of the VM, a restarted one or a live
+    /// migration's target, takes it over).
+    pub fn virtual_machine(&self) -> Option<&str> {
+        match (self.owner_kind.as_deref(), self.owner_name.as_deref()) {
+            (Some(VIRTUAL_MACHINE_KIND), Some(name)) if !name.is_empty() => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Whether a DEL keeps this pod's addresses (detached) for the next pod that is the same
+    /// holder: a StatefulSet's pod of the same name, a virtual machine's next launcher pod.
+    pub fn keeps_addresses(&self) -> bool {
+        self.is_stateful() || self.virtual_machine().is_some()
+    }
+
+    /// Whether `self` and `other` hold addresses as one: the same pod (namespace and name), or
+    /// launcher pods of the same virtual machine.
+    pub fn same_holder(&self, other: &PodRef) -> bool {
+        self.namespace == other.namespace
+            && (self.name == other.name
+                || self
+                    .virtual_machine()
+                    .is_some_and(|vm| other.virtual_machine() == Some(vm)))
+    }
+
     /// The holder of an address quarantined because the host at `mac` answered for it on the
     /// link (see [`Store::quarantine`]). Its namespace cannot be a Kubernetes namespace (a dot)
     /// and its name cannot be a pod's (colons), so no pod ever takes the address back or is
@@ -64,6 +90,10 @@ impl PodRef {
     }
 }
 
+/// `PodRef::owner_kind` of a KubeVirt launcher pod's claims: the pod's controller is a
+/// VirtualMachineInstance, named (as KubeVirt names it) after its VirtualMachine; a bare
+/// VirtualMachineInstance counts as a VM of its name.
+pub const VIRTUAL_MACHINE_KIND: &str = "VirtualMachine";
 /// `PodRef::namespace` of a quarantined address.
 pub const QUARANTINE_NAMESPACE: &str = "allot.quarantine";
 /// `PodRef::owner_kind` of a quarantined address.
@@ -118,7 +148,8 @@ pub enum StoreError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reattach {
     pub address: IpAddr,
-    /// The pod taking it back: same namespace and name as the claim's, new UID and owner.
+    /// The pod taking it back: the same holder as the claim's ([`PodRef::same_holder`]: same
+    /// namespace and name, or the same virtual machine), with its UID and owner.
     pub pod: PodRef,
     pub attachment: Attachment,
     /// The node taking it back (a StatefulSet pod may come back on another node).
@@ -189,7 +220,7 @@ pub trait Store: Send + Sync {
     /// Creates `fresh` claims and reattaches detached ones, all or nothing: fails with
     /// [`StoreError::Conflict`] naming a fresh address that is already claimed, or
     /// [`StoreError::Stale`] naming a reattach whose claim is no longer detached for the same
-    /// pod. Returns the reattached claims as stored.
+    /// holder ([`PodRef::same_holder`]). Returns the reattached claims as stored.
     fn claim_batch(&self, fresh: &[Claim], reattach: &[Reattach])
     -> Result<Vec<Claim>, StoreError>;
 
@@ -207,12 +238,13 @@ pub trait Store: Send + Sync {
     /// transaction. Returns the claims released.
     fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError>;
 
-    /// Detaches the claims of `attachment`, keeping the addresses for the same pod (StatefulSet
-    /// stickiness). Returns the detached claims.
+    /// Detaches the claims of `attachment`, keeping the addresses for the same holder (a
+    /// StatefulSet's pod, a virtual machine). Returns the detached claims.
     fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError>;
 
     /// Attaches a detached claim to `reattach.attachment`, only if it is still detached and still
-    /// belongs to the same pod (namespace and name); fails with [`StoreError::Stale`] otherwise.
+    /// belongs to the same holder ([`PodRef::same_holder`]); fails with [`StoreError::Stale`]
+    /// otherwise.
     /// The claim takes the new pod's UID and owner (a restarted StatefulSet pod has a new UID, and
     /// GC compares UIDs) and the node taking it back.
     fn reattach(&self, reattach: Reattach) -> Result<Claim, StoreError> {
@@ -239,6 +271,19 @@ pub trait Store: Send + Sync {
 
     /// Every claim of the pod `namespace/name`, attached or not (an index lookup, not a scan).
     fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError>;
+
+    /// Every claim held for the virtual machine `namespace/name` (see
+    /// [`PodRef::virtual_machine`]), attached or not. Backends without an index by owner read
+    /// every claim.
+    fn claims_of_virtual_machine(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let mut claims = self.all()?;
+        claims.retain(|c| c.pod.namespace == namespace && c.pod.virtual_machine() == Some(name));
+        Ok(claims)
+    }
 
     /// Detached claims kept for the pod `namespace/name`.
     fn detached_of(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
@@ -312,6 +357,13 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn claims_of(&self, attachment: &Attachment) -> Result<Vec<Claim>, StoreError> {
         (**self).claims_of(attachment)
+    }
+    fn claims_of_virtual_machine(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<Claim>, StoreError> {
+        (**self).claims_of_virtual_machine(namespace, name)
     }
     fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
         (**self).claims_of_pod(namespace, name)
@@ -433,10 +485,6 @@ impl MemoryStore {
     }
 }
 
-fn same_pod(a: &PodRef, b: &PodRef) -> bool {
-    a.namespace == b.namespace && a.name == b.name
-}
-
 /// Whether a stored claim is still the one a caller read (for [`Store::release_unchanged`]).
 pub fn unchanged(stored: &Claim, read: &Claim) -> bool {
     stored.attachment == read.attachment
@@ -464,7 +512,7 @@ impl Store for MemoryStore {
                 && state
                     .claims
                     .get(&r.address)
-                    .is_some_and(|c| c.attachment.is_none() && same_pod(&c.pod, &r.pod));
+                    .is_some_and(|c| c.attachment.is_none() && c.pod.same_holder(&r.pod));
             if !ok {
                 return Err(StoreError::Stale(r.address));
             }

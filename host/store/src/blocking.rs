@@ -61,6 +61,11 @@ pub trait AsyncStore: Send + Sync + 'static {
         namespace: String,
         name: String,
     ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send;
+    fn claims_of_virtual_machine(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send;
     fn detached(&self) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send;
     fn all(&self) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send;
     fn snapshot(
@@ -182,6 +187,15 @@ impl<B: AsyncStore> Store for BlockingStore<B> {
     fn claims_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
         let (namespace, name) = (namespace.to_string(), name.to_string());
         self.run(move |b| async move { b.claims_of_pod(namespace, name).await })
+    }
+
+    fn claims_of_virtual_machine(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.run(move |b| async move { b.claims_of_virtual_machine(namespace, name).await })
     }
 
     fn detached(&self) -> Result<Vec<Claim>, StoreError> {

@@ -53,9 +53,11 @@ use allot_core::store::{Attachment, Claim, PodRef, Reattach, Store, StoreError};
 
 mod concurrency;
 mod feed;
+mod holders;
 mod suite;
 pub use concurrency::*;
 pub use feed::*;
+pub use holders::*;
 pub use suite::Sequence;
 
 /// Threads in the concurrency checks.

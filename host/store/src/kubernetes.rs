@@ -311,6 +311,17 @@ impl AsyncStore for Backend {
         Ok(self.mirror.claims_of_pod(&namespace, &name))
     }
 
+    async fn claims_of_virtual_machine(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> Result<Vec<Claim>, StoreError> {
+        // The mirror has every claim in memory: a filter, not a read of the API server.
+        Ok(self.mirror.all(|c| {
+            c.pod.namespace == namespace && c.pod.virtual_machine() == Some(name.as_str())
+        }))
+    }
+
     async fn detached(&self) -> Result<Vec<Claim>, StoreError> {
         Ok(self.mirror.all(|c| c.attachment.is_none()))
     }

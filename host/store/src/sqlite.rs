@@ -53,6 +53,7 @@ use std::time::Duration;
 
 use allot_core::store::{
     Attachment, Change, ChangeKind, Changes, Claim, PodRef, Reattach, Snapshot, Store, StoreError,
+    VIRTUAL_MACHINE_KIND,
 };
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, params};
 mod schema;
@@ -298,17 +299,20 @@ impl Store for SqliteStore {
             self.insert_claims(tx, what, fresh)?;
             let mut out = Vec::with_capacity(reattach.len());
             for r in reattach {
-                // The pod is the same by namespace and name; its UID and owner are those of the
-                // new incarnation (a restarted StatefulSet pod has a new UID, and GC compares
-                // UIDs).
+                // The holder is the same (PodRef::same_holder): the pod by namespace and name,
+                // or the virtual machine of a launcher pod; its name, UID and owner are those
+                // of the new incarnation (a restarted StatefulSet pod has a new UID, and GC
+                // compares UIDs).
                 let mut claims = self.rows(
                     tx,
                     what,
                     &format!(
-                        "UPDATE claims SET container_id = ?2, interface = ?3, pod_uid = ?6, owner_kind = ?7, \
-                         owner_name = ?8, updated_at = ?9, node = ?10 \
+                        "UPDATE claims SET container_id = ?2, interface = ?3, pod_name = ?5, \
+                         pod_uid = ?6, owner_kind = ?7, owner_name = ?8, updated_at = ?9, node = ?10 \
                          WHERE address = ?1 AND container_id IS NULL AND interface IS NULL \
-                         AND pod_namespace = ?4 AND pod_name = ?5 RETURNING {COLUMNS}"
+                         AND pod_namespace = ?4 AND (pod_name = ?5 OR (owner_kind = ?11 \
+                         AND ?7 = ?11 AND owner_name = ?8 AND owner_name != '')) \
+                         RETURNING {COLUMNS}"
                     ),
                     params![
                         r.address.to_string(),
@@ -321,6 +325,7 @@ impl Store for SqliteStore {
                         r.pod.owner_name,
                         seconds(r.address, r.now)?,
                         r.node,
+                        VIRTUAL_MACHINE_KIND,
                     ],
                 )?;
                 match claims.pop() {
@@ -476,6 +481,23 @@ impl Store for SqliteStore {
             &format!("cannot read the claims of pod {namespace}/{name}"),
             &format!("SELECT {COLUMNS} FROM claims WHERE pod_namespace = ?1 AND pod_name = ?2"),
             params![namespace, name],
+        )
+    }
+
+    fn claims_of_virtual_machine(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let conn = self.lock();
+        self.rows(
+            &conn,
+            &format!("cannot read the claims of virtual machine {namespace}/{name}"),
+            &format!(
+                "SELECT {COLUMNS} FROM claims WHERE pod_namespace = ?1 AND owner_kind = ?2 \
+                 AND owner_name = ?3"
+            ),
+            params![namespace, VIRTUAL_MACHINE_KIND, name],
         )
     }
 

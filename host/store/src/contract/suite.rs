@@ -41,6 +41,8 @@ macro_rules! store_contract_tests {
             reattach_other_pod_is_stale
             reattach_twice_is_stale
             reattach_of_attached_or_missing_is_stale
+            reattach_by_the_same_virtual_machine_succeeds
+            reattach_by_another_holder_of_a_virtual_machines_address_is_stale
             release_detached_with_none
             release_attachment_leaves_detached_claims
             quarantine_moves_one_claim_to_the_conflict

@@ -27,10 +27,6 @@ pub(super) struct Read {
     pub mod_revision: i64,
 }
 
-fn same_pod(a: &Claim, namespace: &str, name: &str) -> bool {
-    a.pod.namespace == namespace && a.pod.name == name
-}
-
 fn gets(txn: &TxnResponse) -> Vec<Option<KeyValue>> {
     txn.op_responses()
         .into_iter()
@@ -183,7 +179,7 @@ impl Backend {
         let twice = reattach.iter().find(|r| !named.insert(r.address));
         let pools: BTreeMap<&str, IpAddr> =
             fresh.iter().map(|c| (c.pool.as_str(), c.address)).collect();
-        let ops = fresh.len() * 4 + reattach.len() * 3 + pools.len() + 1;
+        let ops = fresh.len() * 4 + reattach.len() * 5 + pools.len() + 1;
         if ops > MAX_TXN_OPS || fresh.len() + reattach.len() > MAX_TXN_OPS {
             return Err(StoreError::Backend(format!(
                 "a batch of {} addresses needs {ops} etcd operations, more than etcd's \
@@ -199,8 +195,7 @@ impl Backend {
         let refused = twice.map(|r| r.address).or_else(|| {
             reattach.iter().zip(&reads).find_map(|(r, read)| {
                 let ok = read.as_ref().is_some_and(|read| {
-                    read.claim.attachment.is_none()
-                        && same_pod(&read.claim, &r.pod.namespace, &r.pod.name)
+                    read.claim.attachment.is_none() && read.claim.pod.same_holder(&r.pod)
                 });
                 (!ok).then_some(r.address)
             })
@@ -252,12 +247,20 @@ impl Backend {
             ));
             let mut c = read.claim;
             self.index_deletes(&c, &mut success);
+            // A virtual machine's next launcher pod has another name: the pod index moves.
+            let renamed = c.pod.name != r.pod.name;
+            if renamed {
+                success.push(TxnOp::delete(self.pod_index(&c), None));
+            }
             c.attachment = Some(r.attachment.clone());
             c.pod = r.pod.clone();
             c.node = r.node.clone();
             c.updated_at = r.now;
             success.push(TxnOp::put(key.clone(), keys::encode(&c), None));
             self.index_puts(&c, &mut success);
+            if renamed {
+                success.push(TxnOp::put(self.pod_index(&c), "", None));
+            }
             failure.push(TxnOp::get(key, None));
             out.push(c);
         }

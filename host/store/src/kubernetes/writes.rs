@@ -48,10 +48,6 @@ fn by_block<T>(items: Vec<T>, address: impl Fn(&T) -> IpAddr) -> BTreeMap<String
     out
 }
 
-fn same_pod(a: &allot_core::store::PodRef, b: &allot_core::store::PodRef) -> bool {
-    a.namespace == b.namespace && a.name == b.name
-}
-
 impl Backend {
     fn now(&self) -> u64 {
         (self.clock)()
@@ -206,7 +202,7 @@ impl Backend {
                         let ok = block
                             .claims
                             .get(&r.address)
-                            .is_some_and(|c| c.attachment.is_none() && same_pod(&c.pod, &r.pod));
+                            .is_some_and(|c| c.attachment.is_none() && c.pod.same_holder(&r.pod));
                         if !ok {
                             return Err(StoreError::Stale(r.address));
                         }
