@@ -231,6 +231,8 @@ pub struct PoolUsage {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GcReport {
     pub released: Vec<Claim>,
+    /// Leaked claims kept (detached) for their holder: a StatefulSet's pod, a virtual machine.
+    pub kept: Vec<Claim>,
     /// Claims seen leaked, waiting for their second sighting past the grace period.
     pub suspects: usize,
 }
@@ -517,13 +519,13 @@ impl<S: Store, P: Policy> Engine<S, P> {
             owner_kind: req.pod.owner.as_ref().map(|o| o.kind.clone()),
             owner_name: req.pod.owner.as_ref().map(|o| o.name.clone()),
         };
-        if pod.is_stateful() {
+        if pod.keeps_addresses() {
             self.take_over_older_sandboxes(&pod, &req.attachment)?;
         }
         let mut lost = 0;
         loop {
             let now = self.now();
-            let reattach = if pod.is_stateful() {
+            let reattach = if pod.keeps_addresses() {
                 self.kept_for(&pod, req, inventory, &wanted, now)?
             } else {
                 Vec::new()
@@ -595,17 +597,23 @@ impl<S: Store, P: Policy> Engine<S, P> {
     }
 
     /// A StatefulSet has at most one pod of a name: an older sandbox of this pod still holding
-    /// this interface is dead or dying (its DEL may come late). Its addresses are kept for the
-    /// pod; its late DEL then finds nothing to release.
+    /// this interface is dead or dying (its DEL may come late). A virtual machine runs in one
+    /// launcher pod, but for a live migration's target, which takes the address over from the
+    /// source while the guest still runs there: the address is the VM's, one claim, never free,
+    /// and the source's DEL at completion finds nothing of it to release. Either way the
+    /// addresses are kept for the holder; the older sandbox's late DEL finds nothing.
     fn take_over_older_sandboxes(
         &self,
         pod: &PodRef,
         attachment: &Attachment,
     ) -> Result<(), AllocError> {
-        let older: BTreeSet<Attachment> = self
-            .store
-            .claims_of_pod(&pod.namespace, &pod.name)?
+        let held = match pod.virtual_machine() {
+            Some(vm) => self.store.claims_of_virtual_machine(&pod.namespace, vm)?,
+            None => self.store.claims_of_pod(&pod.namespace, &pod.name)?,
+        };
+        let older: BTreeSet<Attachment> = held
             .into_iter()
+            .filter(|c| c.pod.same_holder(pod))
             .filter_map(|c| c.attachment)
             .filter(|a| a.interface == attachment.interface && a != attachment)
             .collect();
@@ -615,7 +623,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
         Ok(())
     }
 
-    /// The kept addresses a StatefulSet pod takes back, per family, when their pool is still
+    /// The kept addresses a StatefulSet pod (or a virtual machine's launcher pod) takes back, per family, when their pool is still
     /// among the candidates the policy ordered (or dropped only for being full: the kept
     /// address is part of why it is full).
     fn kept_for(
@@ -626,7 +634,16 @@ impl<S: Store, P: Policy> Engine<S, P> {
         wanted: &[&FamilyDecision],
         now: u64,
     ) -> Result<Vec<Reattach>, AllocError> {
-        let kept = self.store.detached_of(&pod.namespace, &pod.name)?;
+        let mut kept = match pod.virtual_machine() {
+            Some(vm) => self.store.claims_of_virtual_machine(&pod.namespace, vm)?,
+            None => self.store.detached_of(&pod.namespace, &pod.name)?,
+        };
+        // A VM's addresses on its other networks are for its other NICs.
+        kept.retain(|c| {
+            c.attachment.is_none()
+                && c.pod.same_holder(pod)
+                && (pod.virtual_machine().is_none() || c.network == req.network)
+        });
         let mut out = Vec::new();
         for fam in wanted {
             let exhausted = fam.dropped.iter().filter_map(|d| match d.pool {
@@ -642,11 +659,38 @@ impl<S: Store, P: Policy> Engine<S, P> {
                 .collect();
             // An address the policy names is the one to take back, or none.
             let given = fam.address.as_ref().and_then(|h| h.ip());
-            if let Some(k) = kept.iter().find(|c| {
-                IpFamily::of(c.address) == fam.family
-                    && orderable.contains(c.pool.as_str())
-                    && given.is_none_or(|g| g == c.address)
-            }) {
+            let of_family = || {
+                kept.iter()
+                    .filter(|c| IpFamily::of(c.address) == fam.family)
+            };
+            let found = of_family().find(|c| {
+                orderable.contains(c.pool.as_str()) && given.is_none_or(|g| g == c.address)
+            });
+            // A virtual machine's guest keeps the address it has, wherever it runs: another
+            // one would cut it off (a live migration's target above all), so the NIC fails.
+            if found.is_none()
+                && let (Some(vm), Some(k)) = (pod.virtual_machine(), of_family().next())
+            {
+                return Err(AllocError::Policy(PolicyError::new(
+                    PolicyErrorKind::NotReady,
+                    format!(
+                        "interface {} of virtual machine {}/{vm} cannot keep its address {} \
+                         of pool {}: {}; the VM gets no other address instead (allow the \
+                         pool for this pod on node {}, or release the address with allotctl \
+                         ipam release to give the VM a new one)",
+                        req.attachment.interface,
+                        pod.namespace,
+                        k.address,
+                        k.pool,
+                        match given {
+                            Some(g) if g != k.address => format!("the policy asks for {g}"),
+                            _ => "the policy does not allow that pool here".to_string(),
+                        },
+                        self.node,
+                    ),
+                )));
+            }
+            if let Some(k) = found {
                 out.push(Reattach {
                     address: k.address,
                     pod: pod.clone(),

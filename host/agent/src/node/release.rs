@@ -73,6 +73,9 @@ impl Node {
             for c in &report.released {
                 tracing::info!(address = %c.address, pool = %c.pool, "released by GC");
             }
+            for c in &report.kept {
+                tracing::info!(address = %c.address, pool = %c.pool, pod = %format!("{}/{}", c.pod.namespace, c.pod.name), "kept by GC for the pod's next sandbox (its DEL was lost)");
+            }
             if report.suspects > 0 {
                 tracing::info!(network = %r.network, suspects = report.suspects, "claims seen leaked; released at a later GC past the grace period if still leaked");
             }

@@ -1,19 +1,19 @@
 //! Giving addresses back: DEL (keep or release), GC past a grace period, expiry of kept
 //! StatefulSet addresses, all in batches that re-check each claim in the store.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{AddOutcome, AllocError, DelRequest, Engine, GcReport, Serialized, lock};
 use crate::gc;
 use crate::policy::Policy;
-use crate::store::{Attachment, Claim, Store};
+use crate::store::{Attachment, Claim, Store, unchanged};
 
 /// Claims released per store transaction by GC and expiry: one fsync per batch, not per claim.
 const RELEASE_BATCH: usize = 1000;
 
 impl<S: Store, P: Policy> Engine<S, P> {
     /// Releases what `attachment` holds; a StatefulSet pod's addresses are kept (detached) for
-    /// its next ADD. Idempotent. Returns the addresses released or kept.
+    /// its next ADD, a virtual machine's for its next launcher pod. Idempotent. Returns the addresses released or kept.
     pub fn del(&self, attachment: &Attachment) -> Result<Vec<Claim>, AllocError> {
         self.del_request(&DelRequest::new(attachment.clone()))
     }
@@ -44,17 +44,18 @@ impl<S: Store, P: Policy> Engine<S, P> {
         if held.is_empty() {
             return Ok(Vec::new());
         }
-        let stateful = held.iter().any(|c| c.pod.is_stateful());
+        let kept = held.iter().any(|c| c.pod.keeps_addresses());
         let scaled_away = req.owner_replicas.is_some_and(|replicas| {
             held.iter().all(|c| {
-                gc::scaled_away(
-                    &c.pod.name,
-                    c.pod.owner_name.as_deref().unwrap_or(""),
-                    replicas,
-                )
+                c.pod.is_stateful()
+                    && gc::scaled_away(
+                        &c.pod.name,
+                        c.pod.owner_name.as_deref().unwrap_or(""),
+                        replicas,
+                    )
             })
         });
-        if stateful && !scaled_away {
+        if kept && !scaled_away {
             return Ok(self.store.detach(&req.attachment, self.now())?);
         }
         let released = match req.issued_at {
@@ -89,7 +90,8 @@ impl<S: Store, P: Policy> Engine<S, P> {
     /// at an earlier look at least the grace period ago, and unchanged since, are released
     /// (re-checked in the store, in batches). Other nodes' claims (a runtime lists its own
     /// node's attachments only), claims of other networks and kept StatefulSet addresses (see
-    /// [`Engine::expire_kept`]) are left alone.
+    /// [`Engine::expire_kept`]) are left alone. A leaked claim a DEL would have kept (a
+    /// StatefulSet's pod's, a virtual machine's) is detached instead, as that DEL would have.
     pub fn gc(&self, network: &str, valid: &BTreeSet<Attachment>) -> Result<GcReport, AllocError> {
         let now = self.now();
         let ours =
@@ -105,22 +107,64 @@ impl<S: Store, P: Policy> Engine<S, P> {
             now,
             self.config.gc_grace,
         );
-        let released = self.release_batches(&due)?;
+        // What a DEL would keep (a StatefulSet's pod's, a virtual machine's addresses) is
+        // kept: the DEL was lost, not the holder.
+        let (keep, release): (Vec<Claim>, Vec<Claim>) =
+            due.into_iter().partition(|c| c.pod.keeps_addresses());
+        let released = self.release_batches(&release)?;
+        let kept = self.detach_unchanged(&keep)?;
         Ok(GcReport {
             released,
+            kept,
             suspects: lock(&self.suspects).len(),
         })
     }
 
+    /// Detaches the attachments of `claims`, each only while it holds exactly what was read
+    /// (under its lock, so no ADD of it runs meanwhile).
+    fn detach_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, AllocError> {
+        let mut by_attachment: BTreeMap<&Attachment, Vec<&Claim>> = BTreeMap::new();
+        for c in claims {
+            if let Some(a) = &c.attachment {
+                by_attachment.entry(a).or_default().push(c);
+            }
+        }
+        let mut kept = Vec::new();
+        for (attachment, read) in by_attachment {
+            let _serial = self.lock_attachment(attachment);
+            let now = self.store.claims_of(attachment)?;
+            let same = now.len() == read.len()
+                && now.iter().all(|n| {
+                    read.iter()
+                        .any(|r| r.address == n.address && unchanged(n, r))
+                });
+            if same {
+                kept.extend(self.store.detach(attachment, self.now())?);
+            }
+            let mut suspects = lock(&self.suspects);
+            for c in read {
+                suspects.forget(c);
+            }
+        }
+        Ok(kept)
+    }
+
     /// Releases kept StatefulSet addresses whose pod has not come back within the keep time.
-    /// Quarantined addresses are left to [`Engine::expire_quarantined`].
+    /// Quarantined addresses are left to [`Engine::expire_quarantined`], virtual machines'
+    /// to the cluster's GC.
     pub fn expire_kept(&self) -> Result<Vec<Claim>, AllocError> {
         let now = self.now();
         let due: Vec<Claim> = self
             .store
             .detached()?
             .into_iter()
-            .filter(|c| !c.is_quarantined() && gc::kept_too_long(c, now, self.config.stateful_keep))
+            .filter(|c| {
+                // A virtual machine's address is kept while the VM exists, however long it is
+                // stopped: the cluster's GC decides that, not a timer.
+                !c.is_quarantined()
+                    && c.pod.virtual_machine().is_none()
+                    && gc::kept_too_long(c, now, self.config.stateful_keep)
+            })
             .collect();
         self.release_batches(&due)
     }
