@@ -62,7 +62,8 @@ pub struct PodFacts {
     pub uid: String,
     pub labels: Labels,
     pub annotations: Labels,
-    /// The owner reference marked `controller: true` (kind, name), if any.
+    /// The owner reference marked `controller: true` (kind, name), if any; a KubeVirt
+    /// VirtualMachineInstance is reported as its VirtualMachine.
     pub controller: Option<Owner>,
     pub host_network: bool,
 }

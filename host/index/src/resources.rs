@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use allot_core::policy::Owner;
+use allot_core::store::VIRTUAL_MACHINE_KIND;
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -35,13 +36,33 @@ pub(crate) fn controller(meta: &ObjectMeta) -> Option<Owner> {
         })
 }
 
+/// A pod's controller as allot keys its addresses: a KubeVirt launcher pod's
+/// VirtualMachineInstance stands for its virtual machine (KubeVirt names the instance after its
+/// VirtualMachine), whose address every launcher pod of it shares.
+pub(crate) fn pod_controller(meta: &ObjectMeta) -> Option<Owner> {
+    let r = meta
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true))?;
+    let kubevirt = r.api_version.split('/').next() == Some("kubevirt.io");
+    Some(Owner {
+        kind: if kubevirt && r.kind == "VirtualMachineInstance" {
+            VIRTUAL_MACHINE_KIND.to_string()
+        } else {
+            r.kind.clone()
+        },
+        name: r.name.clone(),
+    })
+}
+
 impl Index {
     fn facts(pod: &Pod) -> PodFacts {
         PodFacts {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             labels: map(&pod.metadata.labels),
             annotations: map(&pod.metadata.annotations),
-            controller: controller(&pod.metadata),
+            controller: pod_controller(&pod.metadata),
             host_network: pod
                 .spec
                 .as_ref()

@@ -169,6 +169,40 @@ fn statefulset_and_daemonset_pods_are_owned_directly() {
     assert_eq!(owner(&r), Some(("DaemonSet".into(), "agent".into())));
 }
 
+/// A KubeVirt launcher pod, as virt-controller builds it: controlled by its
+/// VirtualMachineInstance (named after the VirtualMachine), labelled with the VM's name. Its
+/// addresses are the VM's; a VirtualMachineInstance of another API group is just a kind.
+#[test]
+fn a_kubevirt_launcher_pod_is_owned_by_its_virtual_machine() {
+    let mut i = listed();
+    let mut launcher = pod("web", "virt-launcher-db-x7k2p", NODE, None);
+    launcher.metadata.labels = Some(
+        [
+            ("kubevirt.io", "virt-launcher"),
+            ("kubevirt.io/created-by", "uid-vmi"),
+            ("vm.kubevirt.io/name", "db"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    launcher.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "db",
+        "uid": "uid-vmi", "controller": true, "blockOwnerDeletion": true
+    }))
+    .unwrap()]);
+    i.apply(launcher);
+    i.apply(pod("web", "other", NODE, Some(("VirtualMachineInstance", "db"))));
+    let r = ready(i.lookup("web", "virt-launcher-db-x7k2p", "net1", true));
+    assert_eq!(owner(&r), Some(("VirtualMachine".into(), "db".into())));
+    let r = ready(i.lookup("web", "other", "eth0", true));
+    assert_eq!(
+        owner(&r),
+        Some(("VirtualMachineInstance".into(), "db".into())),
+        "apps/v1 is not KubeVirt's group"
+    );
+}
+
 #[test]
 fn an_uncached_replicaset_is_needed_then_taken_as_the_owner_when_gone() {
     let mut i = listed();
