@@ -47,6 +47,7 @@ pub fn check(index: &ClusterIndex, claims: &[Claim], table: &GcConfig) -> Report
             name: name.to_string(),
             uid: p.uid.clone(),
             addresses: p.addresses.clone(),
+            virtual_machine: p.virtual_machine.clone(),
         })
         .collect();
     let endpoints: Vec<EndpointUse> = index
@@ -74,7 +75,7 @@ pub fn check(index: &ClusterIndex, claims: &[Claim], table: &GcConfig) -> Report
         .collect();
     let verdict = |c: &Claim| {
         let pod = index.pod_state(&c.pod.namespace, &c.pod.name);
-        decide(c, pod.as_ref(), index.statefulset_state(c), table)
+        decide(c, pod.as_ref(), index.owner_state(c), table)
     };
     audit::check(&Inputs {
         claims,

@@ -146,12 +146,7 @@ impl Collector {
             .iter()
             .filter_map(|c| {
                 let pod = index.pod_state(&c.pod.namespace, &c.pod.name);
-                match decide(
-                    c,
-                    pod.as_ref(),
-                    index.statefulset_state(c),
-                    &self.settings.table,
-                ) {
+                match decide(c, pod.as_ref(), index.owner_state(c), &self.settings.table) {
                     Verdict::Leak { reason, not_before } => Some(Leak {
                         claim: c.clone(),
                         reason,

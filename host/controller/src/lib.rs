@@ -14,6 +14,8 @@
 //!   webhook configurations the controller keeps itself.
 //! - [`audit`]: the online audit of pods, Endpoints, claims and pool counts: drift metrics and
 //!   Events, and `allotctl ipam check`'s findings.
+//! - [`kubevirt`]: KubeVirt's virtual machines followed (when served) so that GC keeps a VM's
+//!   address while the VM exists.
 //! - [`uninstall`]: `--remove-webhook-configurations`, once no replica leads.
 
 pub mod args;
@@ -22,6 +24,7 @@ pub mod autopool;
 pub mod events;
 pub mod fleet;
 pub mod gc;
+pub mod kubevirt;
 pub mod lease;
 pub mod metrics;
 pub mod passes;

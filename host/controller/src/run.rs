@@ -24,7 +24,8 @@ use crate::pools::PoolLifecycle;
 use crate::serve::{Readiness, serve};
 
 /// Starts one watch per kind the controller's index follows, on the current runtime (allot's
-/// Endpoints when `endpoints`: the audit and GC's outdated-Endpoint cleaning read them).
+/// Endpoints when `endpoints`: the audit and GC's outdated-Endpoint cleaning read them; KubeVirt's
+/// virtual machines while the API server serves them).
 pub fn watch(index: &Arc<Shared<ClusterIndex>>, client: &kube::Client, endpoints: bool) {
     let config = watcher::Config::default();
     let c = client.clone();
@@ -54,6 +55,11 @@ pub fn watch(index: &Arc<Shared<ClusterIndex>>, client: &kube::Client, endpoints
     for watch in pool_document_feeds(&i, &c, &config) {
         tokio::spawn(watch);
     }
+    tokio::spawn(crate::kubevirt::follow(
+        i.clone(),
+        c.clone(),
+        crate::kubevirt::DISCOVERY_EVERY,
+    ));
 }
 
 /// A future that completes when `stop` turns true.

@@ -29,6 +29,8 @@ pub struct PodUse {
     pub name: String,
     pub uid: String,
     pub addresses: Vec<PodAddress>,
+    /// The KubeVirt virtual machine it is a launcher pod of.
+    pub virtual_machine: Option<String>,
 }
 
 /// What one allot Endpoint records: the pod's UID and an address per interface.
@@ -96,6 +98,9 @@ pub enum HeldBy {
 pub struct Holding {
     pub pod: PodId,
     pub by: HeldBy,
+    /// The virtual machine the pod is a launcher pod of: all of one VM's launcher pods hold its
+    /// address as one (a live migration's source and target both report it).
+    pub virtual_machine: Option<String>,
 }
 
 impl fmt::Display for Holding {
@@ -315,8 +320,19 @@ pub fn check(inputs: &Inputs) -> Report {
             by: HeldBy::Claim {
                 pool: c.pool.clone(),
             },
+            virtual_machine: c.pod.virtual_machine().map(str::to_string),
         });
     }
+    let vm_of: BTreeMap<(&str, &str), &str> = inputs
+        .pods
+        .iter()
+        .filter_map(|p| {
+            Some((
+                (p.namespace.as_str(), p.name.as_str()),
+                p.virtual_machine.as_deref()?,
+            ))
+        })
+        .collect();
     for e in inputs.endpoints {
         for (address, interface) in &e.addresses {
             holders.entry(*address).or_default().push(Holding {
@@ -324,6 +340,9 @@ pub fn check(inputs: &Inputs) -> Report {
                 by: HeldBy::Endpoint {
                     interface: interface.clone(),
                 },
+                virtual_machine: vm_of
+                    .get(&(e.namespace.as_str(), e.name.as_str()))
+                    .map(|vm| vm.to_string()),
             });
         }
     }
@@ -336,6 +355,7 @@ pub fn check(inputs: &Inputs) -> Report {
                 by: HeldBy::PodStatus {
                     interface: a.interface.clone(),
                 },
+                virtual_machine: p.virtual_machine.clone(),
             });
         }
     }
@@ -417,9 +437,18 @@ pub fn check(inputs: &Inputs) -> Report {
 }
 
 /// Whether `holdings` name more than one pod: another namespace or name, or another UID (a
-/// holding without a UID matches any of its name's).
+/// holding without a UID matches any of its name's). Launcher pods of one virtual machine are
+/// one holder.
 fn more_than_one(holdings: &[Holding]) -> bool {
     let first = &holdings[0].pod;
+    let one_vm = holdings.iter().all(|h| {
+        h.pod.namespace == first.namespace
+            && h.virtual_machine.is_some()
+            && h.virtual_machine == holdings[0].virtual_machine
+    });
+    if one_vm {
+        return false;
+    }
     let mut uids: BTreeSet<&str> = BTreeSet::new();
     for h in holdings {
         if (h.pod.namespace.as_str(), h.pod.name.as_str())

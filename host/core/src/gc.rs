@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use crate::store::{Claim, unchanged};
 
 pub use decision::{
-    GcConfig, Keep, LeakReason, NotBefore, PodPhase, PodState, StatefulSetState, Verdict, decide,
+    GcConfig, Keep, LeakReason, NotBefore, OwnerState, PodPhase, PodState, Verdict, decide,
     endpoint_outdated,
 };
 

@@ -3,7 +3,7 @@
 //! then waits for its second sighting and its release time.
 
 use allot_core::gc::{
-    GcConfig, Keep, LeakReason, NotBefore, PodPhase, PodState, StatefulSetState, Suspects, Verdict,
+    GcConfig, Keep, LeakReason, NotBefore, OwnerState, PodPhase, PodState, Suspects, Verdict,
     decide, endpoint_outdated,
 };
 use allot_core::store::{Attachment, Claim, PodRef};
@@ -57,7 +57,7 @@ struct Row {
     case: &'static str,
     claim: Claim,
     pod: Option<PodState>,
-    statefulset: StatefulSetState,
+    owner: OwnerState,
     config: GcConfig,
     expect: Verdict,
 }
@@ -67,15 +67,15 @@ fn row(case: &'static str, claim: Claim, pod: Option<PodState>, expect: Verdict)
         case,
         claim,
         pod,
-        statefulset: StatefulSetState::NotStateful,
+        owner: OwnerState::NotKept,
         config: GcConfig::default(),
         expect,
     }
 }
 
 impl Row {
-    fn statefulset(mut self, s: StatefulSetState) -> Row {
-        self.statefulset = s;
+    fn owner(mut self, s: OwnerState) -> Row {
+        self.owner = s;
         self
     }
     fn config(mut self, f: impl FnOnce(&mut GcConfig)) -> Row {
@@ -93,7 +93,6 @@ fn with(mut pod: PodState, f: impl FnOnce(&mut PodState)) -> Option<PodState> {
 fn the_decision_table() {
     use LeakReason::*;
     use NotBefore::*;
-    use StatefulSetState::*;
     let web = claim("web-7d9f-abcde", Some(("Deployment", "web")));
     let bare = claim("debug", None);
     let db1 = claim("db-1", Some(("StatefulSet", "db")));
@@ -103,6 +102,9 @@ fn the_decision_table() {
     quarantined.pod = PodRef::conflict("02:00:00:00:00:01");
     let mut kept_db1 = db1.clone();
     kept_db1.attachment = None;
+    let vm = claim("virt-launcher-vm1-x7k2p", Some(("VirtualMachine", "vm1")));
+    let mut kept_vm = vm.clone();
+    kept_vm.attachment = None;
     let terminating = |ready: Option<bool>| {
         with(running(), |p| {
             p.deleting_at = Some(NOW - 100);
@@ -291,14 +293,14 @@ fn the_decision_table() {
             None,
             keep(Keep::StatefulSet),
         )
-        .statefulset(Replicas(3)),
+        .owner(OwnerState::Replicas(3)),
         row(
             "a valid StatefulSet pod's kept address",
             kept_db1.clone(),
             None,
             keep(Keep::StatefulSet),
         )
-        .statefulset(Replicas(3)),
+        .owner(OwnerState::Replicas(3)),
         row(
             "a valid StatefulSet pod recreated with a new UID",
             db1.clone(),
@@ -308,14 +310,14 @@ fn the_decision_table() {
             }),
             keep(Keep::StatefulSet),
         )
-        .statefulset(Replicas(3)),
+        .owner(OwnerState::Replicas(3)),
         row(
             "a valid StatefulSet pod terminating on a not-ready node",
             db1.clone(),
             terminating(Some(false)),
             keep(Keep::StatefulSet),
         )
-        .statefulset(Replicas(3)),
+        .owner(OwnerState::Replicas(3)),
         row(
             "a valid StatefulSet pod that failed",
             db1.clone(),
@@ -325,49 +327,109 @@ fn the_decision_table() {
             }),
             keep(Keep::StatefulSet),
         )
-        .statefulset(Replicas(3)),
+        .owner(OwnerState::Replicas(3)),
         row(
             "a StatefulSet scaled below the pod's ordinal",
             db3.clone(),
             None,
             leak(StatefulSetScaledDown, AfterFirstSighting(0)),
         )
-        .statefulset(Replicas(3)),
+        .owner(OwnerState::Replicas(3)),
         row(
             "a StatefulSet scaled to zero",
             kept_db1.clone(),
             None,
             leak(StatefulSetScaledDown, AfterFirstSighting(0)),
         )
-        .statefulset(Replicas(0)),
+        .owner(OwnerState::Replicas(0)),
         row(
             "a StatefulSet that is gone",
             kept_db1.clone(),
             None,
             leak(StatefulSetGone, AfterFirstSighting(0)),
         )
-        .statefulset(Gone),
+        .owner(OwnerState::StatefulSetGone),
         row(
             "a scaled-down StatefulSet's pod still terminating is a terminating pod",
             db3.clone(),
             terminating(Some(true)),
             leak(TerminatingOnReadyNode, At(NOW - 100 + 30)),
         )
-        .statefulset(Replicas(3)),
+        .owner(OwnerState::Replicas(3)),
         row(
             "an orphaned StatefulSet pod still running keeps its address",
             db1.clone(),
             Some(running()),
             keep(Keep::InUse),
         )
-        .statefulset(Gone),
+        .owner(OwnerState::StatefulSetGone),
         row(
             "a pod of another set's name with a new UID is an earlier pod",
             db3.clone(),
             with(running(), |p| p.uid = "uid-2".into()),
             leak(UidMismatch, AfterFirstSighting(0)),
         )
-        .statefulset(Replicas(3)),
+        .owner(OwnerState::Replicas(3)),
+        // Virtual machines: the address is the VM's while it exists, whatever its pods do.
+        row(
+            "a VM's kept address (the VM is stopped)",
+            kept_vm.clone(),
+            None,
+            keep(Keep::VirtualMachine),
+        )
+        .owner(OwnerState::VirtualMachine),
+        row(
+            "a VM's launcher pod replaced by another (restart, migration)",
+            vm.clone(),
+            None,
+            keep(Keep::VirtualMachine),
+        )
+        .owner(OwnerState::VirtualMachine),
+        row(
+            "a VM's launcher pod that completed (the VM shut down)",
+            vm.clone(),
+            with(running(), |p| {
+                p.phase = PodPhase::Succeeded;
+                p.finished_at = Some(NOW - 1000);
+            }),
+            keep(Keep::VirtualMachine),
+        )
+        .owner(OwnerState::VirtualMachine),
+        row(
+            "a VM's launcher pod terminating past its grace (an eviction's source)",
+            vm.clone(),
+            terminating(Some(true)),
+            keep(Keep::VirtualMachine),
+        )
+        .owner(OwnerState::VirtualMachine),
+        row(
+            "a deleted VM's kept address",
+            kept_vm.clone(),
+            None,
+            leak(VirtualMachineGone, AfterFirstSighting(0)),
+        )
+        .owner(OwnerState::VirtualMachineGone),
+        row(
+            "a deleted VM's launcher pod still terminating is a terminating pod",
+            vm.clone(),
+            terminating(Some(true)),
+            leak(TerminatingOnReadyNode, At(NOW - 100 + 30)),
+        )
+        .owner(OwnerState::VirtualMachineGone),
+        row(
+            "a deleted VM's launcher pod still running keeps its address",
+            vm.clone(),
+            Some(running()),
+            keep(Keep::InUse),
+        )
+        .owner(OwnerState::VirtualMachineGone),
+        row(
+            "a pod that is not a VM's is not kept by a VM's existence",
+            web.clone(),
+            None,
+            leak(PodDeleted, AfterFirstSighting(0)),
+        )
+        .owner(OwnerState::VirtualMachine),
         // Never by GC.
         row(
             "a quarantined address",
@@ -385,7 +447,7 @@ fn the_decision_table() {
     ];
     let mut failures = Vec::new();
     for r in &rows {
-        let got = decide(&r.claim, r.pod.as_ref(), r.statefulset, &r.config);
+        let got = decide(&r.claim, r.pod.as_ref(), r.owner, &r.config);
         if got != r.expect {
             failures.push(format!("{}: expected {:?}, got {got:?}", r.case, r.expect));
         }

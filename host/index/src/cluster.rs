@@ -11,15 +11,17 @@
 
 mod resources;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use allot_core::config::{ObjectKind, Observed};
-use allot_core::gc::{PodPhase, PodState, StatefulSetState};
+use allot_core::gc::{OwnerState, PodPhase, PodState};
 use allot_core::migrate::PodAddress;
 use allot_core::store::Claim;
 
-pub use resources::{EndpointObject, statefulset_replicas};
+pub use resources::{
+    EndpointObject, VirtualMachineInstanceObject, VirtualMachineObject, statefulset_replicas,
+};
 
 /// The kinds the controller's index follows; each is "synced" once its first list is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -31,6 +33,8 @@ pub enum ClusterKind {
     IpPool,
     Subnet,
     ReservedIp,
+    VirtualMachine,
+    VirtualMachineInstance,
 }
 
 impl ClusterKind {
@@ -43,6 +47,8 @@ impl ClusterKind {
             ClusterKind::IpPool => "IPPool",
             ClusterKind::Subnet => "Subnet",
             ClusterKind::ReservedIp => "ReservedIP",
+            ClusterKind::VirtualMachine => "VirtualMachine",
+            ClusterKind::VirtualMachineInstance => "VirtualMachineInstance",
         }
     }
 }
@@ -60,6 +66,9 @@ pub struct PodEntry {
     pub finished_at: Option<u64>,
     /// What it reports using: `status.podIPs` and the Multus network status (for the audit).
     pub addresses: Vec<PodAddress>,
+    /// The KubeVirt virtual machine it is a launcher pod of (for the audit: a live migration's
+    /// source and target both report the VM's address).
+    pub virtual_machine: Option<String>,
 }
 
 /// What the index keeps of one allot Endpoint.
@@ -86,6 +95,18 @@ pub struct AllotEntry {
 
 type Key = (String, String);
 
+/// Whether the API server serves KubeVirt's VirtualMachines and VirtualMachineInstances.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KubeVirt {
+    /// Not asked yet, or discovery failed: no virtual machine may be taken for gone.
+    #[default]
+    Unknown,
+    /// Discovery says the kinds are not served: no virtual machine exists.
+    Absent,
+    /// Served, and followed (listed once both kinds are synced).
+    Served,
+}
+
 fn key(namespace: &str, name: &str) -> Key {
     (namespace.to_string(), name.to_string())
 }
@@ -100,6 +121,10 @@ pub struct ClusterIndex {
     /// allot Endpoints by (namespace, name).
     pub(crate) endpoints: HashMap<Key, EndpointEntry>,
     pub(crate) allot: BTreeMap<(ObjectKind, String), AllotEntry>,
+    /// KubeVirt's VirtualMachines and VirtualMachineInstances by (namespace, name).
+    pub(crate) virtual_machines: HashSet<Key>,
+    pub(crate) virtual_machine_instances: HashSet<Key>,
+    pub(crate) kubevirt: KubeVirt,
     pub(crate) synced: BTreeSet<ClusterKind>,
     pub(crate) pending: BTreeSet<Key>,
 }
@@ -189,9 +214,49 @@ impl ClusterIndex {
         self.statefulsets.get(&key(namespace, name)).copied()
     }
 
-    /// What the decision needs to know of the StatefulSet `claim` was made for.
-    pub fn statefulset_state(&self, claim: &Claim) -> StatefulSetState {
-        statefulset_state(claim, |ns, name| self.statefulset_replicas(ns, name))
+    /// What the decision needs to know of the StatefulSet or virtual machine `claim` was made
+    /// for.
+    pub fn owner_state(&self, claim: &Claim) -> OwnerState {
+        owner_state(
+            claim,
+            |ns, name| self.statefulset_replicas(ns, name),
+            |ns, name| self.virtual_machine_exists(ns, name),
+        )
+    }
+
+    /// Whether the virtual machine `namespace/name` exists (a VirtualMachine or a
+    /// VirtualMachineInstance of that name); `None` while that cannot be known (KubeVirt's
+    /// kinds not discovered or not listed yet).
+    pub fn virtual_machine_exists(&self, namespace: &str, name: &str) -> Option<bool> {
+        match self.kubevirt {
+            KubeVirt::Absent => Some(false),
+            KubeVirt::Unknown => None,
+            KubeVirt::Served => {
+                let listed = self.is_synced(ClusterKind::VirtualMachine)
+                    && self.is_synced(ClusterKind::VirtualMachineInstance);
+                let k = key(namespace, name);
+                let exists = self.virtual_machines.contains(&k)
+                    || self.virtual_machine_instances.contains(&k);
+                // One listed and seen is enough to know it exists.
+                (listed || exists).then_some(exists)
+            }
+        }
+    }
+
+    /// Records what discovery says of KubeVirt's kinds. When they stop being served (KubeVirt
+    /// uninstalled: its objects are deleted with its CRDs), what was known of them goes.
+    pub fn set_kubevirt(&mut self, kubevirt: KubeVirt) {
+        if kubevirt != KubeVirt::Served {
+            self.virtual_machines.clear();
+            self.virtual_machine_instances.clear();
+            self.synced.remove(&ClusterKind::VirtualMachine);
+            self.synced.remove(&ClusterKind::VirtualMachineInstance);
+        }
+        self.kubevirt = kubevirt;
+    }
+
+    pub fn kubevirt(&self) -> KubeVirt {
+        self.kubevirt
     }
 
     /// The pod UID an allot Endpoint was written for.
@@ -234,18 +299,26 @@ impl ClusterIndex {
     }
 }
 
-/// [`StatefulSetState`] of `claim`'s owner, given a lookup of replica counts (the index's, or
-/// a fresh read from the API).
-pub fn statefulset_state(
+/// [`OwnerState`] of `claim`'s owner, given lookups (the index's, or fresh reads from the API)
+/// of a StatefulSet's replica count (`None`: gone) and of whether a virtual machine exists
+/// (`None`: not known, which keeps its address).
+pub fn owner_state(
     claim: &Claim,
     replicas: impl FnOnce(&str, &str) -> Option<u32>,
-) -> StatefulSetState {
+    virtual_machine_exists: impl FnOnce(&str, &str) -> Option<bool>,
+) -> OwnerState {
+    if let Some(vm) = claim.pod.virtual_machine() {
+        return match virtual_machine_exists(&claim.pod.namespace, vm) {
+            Some(false) => OwnerState::VirtualMachineGone,
+            Some(true) | None => OwnerState::VirtualMachine,
+        };
+    }
     if !claim.pod.is_stateful() {
-        return StatefulSetState::NotStateful;
+        return OwnerState::NotKept;
     }
     let owner = claim.pod.owner_name.as_deref().unwrap_or_default();
     match replicas(&claim.pod.namespace, owner) {
-        Some(n) => StatefulSetState::Replicas(n),
-        None => StatefulSetState::Gone,
+        Some(n) => OwnerState::Replicas(n),
+        None => OwnerState::StatefulSetGone,
     }
 }

@@ -40,7 +40,10 @@ mod resources;
 mod workloads;
 
 pub use allot::{PoolObject, ReservedObject, SubnetObject, pool_document_feeds};
-pub use cluster::{ClusterIndex, ClusterKind, EndpointEntry, EndpointObject, PodEntry};
+pub use cluster::{
+    ClusterIndex, ClusterKind, EndpointEntry, EndpointObject, KubeVirt, PodEntry,
+    VirtualMachineInstanceObject, VirtualMachineObject,
+};
 pub use feed::{IndexResource, feed};
 pub use fleet::{
     CapiClusterObject, ClusterEntry, FleetAllocationEntry, FleetIndex, FleetKind, FleetPoolEntry,

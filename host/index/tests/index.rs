@@ -186,13 +186,20 @@ fn a_kubevirt_launcher_pod_is_owned_by_its_virtual_machine() {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect(),
     );
-    launcher.metadata.owner_references = Some(vec![serde_json::from_value(json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "db",
-        "uid": "uid-vmi", "controller": true, "blockOwnerDeletion": true
-    }))
-    .unwrap()]);
+    launcher.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "db",
+            "uid": "uid-vmi", "controller": true, "blockOwnerDeletion": true
+        }))
+        .unwrap(),
+    ]);
     i.apply(launcher);
-    i.apply(pod("web", "other", NODE, Some(("VirtualMachineInstance", "db"))));
+    i.apply(pod(
+        "web",
+        "other",
+        NODE,
+        Some(("VirtualMachineInstance", "db")),
+    ));
     let r = ready(i.lookup("web", "virt-launcher-db-x7k2p", "net1", true));
     assert_eq!(owner(&r), Some(("VirtualMachine".into(), "db".into())));
     let r = ready(i.lookup("web", "other", "eth0", true));

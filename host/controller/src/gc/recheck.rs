@@ -1,5 +1,5 @@
-//! The last look before a release: the pod (and its StatefulSet) read fresh from the API, and
-//! the Events that tell people what GC released.
+//! The last look before a release: the pod (and its StatefulSet or virtual machine) read fresh
+//! from the API, and the Events that tell people what GC released.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Api;
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Preconditions};
 use kube::runtime::events::{Event, EventType};
 
 use crate::events::Events;
@@ -40,6 +40,13 @@ pub trait FreshReader: Send + Sync {
         namespace: &str,
         name: &str,
     ) -> futures::future::BoxFuture<'_, Result<Option<u32>, kube::Error>>;
+    /// Whether a VirtualMachine or a VirtualMachineInstance `namespace/name` exists (KubeVirt
+    /// not installed: no).
+    fn virtual_machine_exists(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> futures::future::BoxFuture<'_, Result<bool, kube::Error>>;
     fn record_releases<'a>(
         &'a self,
         released: &'a [(Claim, LeakReason)],
@@ -91,6 +98,29 @@ impl FreshReader for ApiReader {
         let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
         let name = name.to_string();
         Box::pin(async move { Ok(api.get_opt(&name).await?.as_ref().map(statefulset_replicas)) })
+    }
+
+    fn virtual_machine_exists(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> futures::future::BoxFuture<'_, Result<bool, kube::Error>> {
+        let (client, namespace, name) =
+            (self.client.clone(), namespace.to_string(), name.to_string());
+        Box::pin(async move {
+            for kind in ["VirtualMachine", "VirtualMachineInstance"] {
+                let gvk = GroupVersionKind::gvk("kubevirt.io", "v1", kind);
+                let resource = ApiResource::from_gvk(&gvk);
+                let api: Api<DynamicObject> =
+                    Api::namespaced_with(client.clone(), &namespace, &resource);
+                // A 404 also answers a server that does not serve the kind: KubeVirt's CRDs
+                // removed took their objects with them.
+                if api.get_metadata_opt(&name).await?.is_some() {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })
     }
 
     /// An Event on each pod that still exists (finished, terminating, replaced), and one per
@@ -242,7 +272,12 @@ pub(super) async fn confirm(
                 Some(owner) => Some(reader.statefulset_replicas(&ns, &owner).await),
                 None => None,
             };
-            (ns, name, claims, pod, replicas)
+            let vm = claims.iter().find_map(|c| c.pod.virtual_machine());
+            let vm_exists = match vm {
+                Some(vm) => Some(reader.virtual_machine_exists(&ns, vm).await),
+                None => None,
+            };
+            (ns, name, claims, pod, replicas, vm_exists)
         })
         .buffer_unordered(PARALLEL_READS)
         .collect::<Vec<_>>()
@@ -252,7 +287,7 @@ pub(super) async fn confirm(
         kept: Vec::new(),
     };
     let index = index.read();
-    for (ns, name, claims, pod, replicas) in reads {
+    for (ns, name, claims, pod, replicas, vm_exists) in reads {
         let pod = match pod {
             Ok(p) => p,
             Err(e) => {
@@ -267,11 +302,21 @@ pub(super) async fn confirm(
                 continue;
             }
         };
+        let vm_exists = match vm_exists.transpose() {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!("cannot re-read the virtual machine of {ns}/{name}: {e}");
+                continue;
+            }
+        };
         let state = pod.as_ref().map(|p| index.state_of(p));
         for claim in claims {
-            let statefulset =
-                allot_index::cluster::statefulset_state(&claim, |_, _| replicas.flatten());
-            match decide(&claim, state.as_ref(), statefulset, table) {
+            let owner = allot_index::cluster::owner_state(
+                &claim,
+                |_, _| replicas.flatten(),
+                |_, _| vm_exists,
+            );
+            match decide(&claim, state.as_ref(), owner, table) {
                 Verdict::Leak {
                     not_before: NotBefore::At(t),
                     ..

@@ -80,7 +80,7 @@ pub async fn dry_run(
             match decide(
                 &claim,
                 pod.as_ref(),
-                index.statefulset_state(&claim),
+                index.owner_state(&claim),
                 &settings.table,
             ) {
                 Verdict::Leak { reason, not_before } => Some(Finding {

@@ -43,6 +43,7 @@ fn pod(name: &str, uid: &str, addresses: &[&str]) -> PodUse {
                 interface: Some("eth0".into()),
             })
             .collect(),
+        virtual_machine: None,
     }
 }
 
@@ -159,6 +160,54 @@ fn a_claim_of_an_earlier_pod_of_the_name_in_use_by_the_new_one_is_two_holders_no
         report.leaked().count(),
         0,
         "releasing it would free an address in use"
+    );
+}
+
+/// A live migration: the source and the target launcher pods of one virtual machine both
+/// report its address, the claim names the target: one holder, no drift. A launcher pod of
+/// another VM reporting it is a second holder.
+#[test]
+fn launcher_pods_of_one_virtual_machine_hold_its_address_as_one() {
+    let launcher = |name: &str, vm: &str| PodUse {
+        virtual_machine: Some(vm.into()),
+        ..pod(name, &format!("u-{name}"), &["192.0.2.10"])
+    };
+    let mut target_claim = claim(
+        "192.0.2.10",
+        "virt-launcher-db-bbbbb",
+        "u-virt-launcher-db-bbbbb",
+    );
+    target_claim.pod.owner_kind = Some("VirtualMachine".into());
+    target_claim.pod.owner_name = Some("db".into());
+    let source = launcher("virt-launcher-db-aaaaa", "db");
+    let target = launcher("virt-launcher-db-bbbbb", "db");
+    let endpoints = [
+        endpoint(
+            "virt-launcher-db-aaaaa",
+            "u-virt-launcher-db-aaaaa",
+            &["192.0.2.10"],
+        ),
+        endpoint(
+            "virt-launcher-db-bbbbb",
+            "u-virt-launcher-db-bbbbb",
+            &["192.0.2.10"],
+        ),
+    ];
+    let claims = [target_claim];
+    let report = run(
+        &claims,
+        &[source.clone(), target.clone()],
+        &endpoints,
+        &pools(1),
+    );
+    assert!(report.is_clean(), "{report:?}");
+
+    let other = launcher("virt-launcher-web-ccccc", "web");
+    let report = run(&claims, &[source, target, other], &endpoints, &pools(1));
+    assert_eq!(
+        report.counts()[KINDS.iter().position(|k| *k == "claimed-twice").unwrap()],
+        1,
+        "{report:?}"
     );
 }
 

@@ -13,6 +13,8 @@
 //! | pod gone, its StatefulSet exists and the ordinal is below `replicas` | keep (the pod comes back) |
 //! | pod gone, its StatefulSet is gone | leak (`statefulset-gone`) |
 //! | pod gone, its StatefulSet was scaled below the ordinal | leak (`statefulset-scaled-down`) |
+//! | a virtual machine's launcher pod (gone, replaced, finished or terminating), the VM or an instance of it exists | keep (its next launcher pod, or a live migration's target, holds it) |
+//! | pod gone, its virtual machine is gone | leak (`virtualmachine-gone`) |
 //! | pod gone (any other) | leak (`pod-deleted`), after the additional delay |
 //! | a pod of that name with another UID, a valid StatefulSet's | keep (the new pod takes it back) |
 //! | a pod of that name with another UID (any other) | leak (`uid-mismatch`), after the additional delay |
@@ -102,15 +104,22 @@ pub struct PodState {
     pub finished_at: Option<u64>,
 }
 
-/// What the decision knows about the claim's StatefulSet (the claim records its owner).
+/// What the decision knows about the owner that keeps the claim's address between pods (the
+/// claim records its owner): a StatefulSet, a KubeVirt virtual machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StatefulSetState {
-    /// The claim was not made for a StatefulSet's pod.
-    NotStateful,
-    /// The StatefulSet does not exist.
-    Gone,
-    /// The StatefulSet exists with this many replicas.
+pub enum OwnerState {
+    /// The claim was made for a pod whose owner keeps no address between pods.
+    NotKept,
+    /// A StatefulSet's pod: the StatefulSet does not exist.
+    StatefulSetGone,
+    /// A StatefulSet's pod: the StatefulSet exists with this many replicas.
     Replicas(u32),
+    /// A virtual machine's launcher pod: the VirtualMachine (or its VirtualMachineInstance)
+    /// exists, or whether it does is not known yet (KubeVirt's kinds not listed).
+    VirtualMachine,
+    /// A virtual machine's launcher pod: neither the VirtualMachine nor an instance of it
+    /// exists (or KubeVirt is not installed).
+    VirtualMachineGone,
 }
 
 /// Why a claim is kept.
@@ -121,6 +130,8 @@ pub enum Keep {
     NoPodRecorded,
     /// A valid StatefulSet pod: the set exists and the ordinal is below its replicas.
     StatefulSet,
+    /// A virtual machine's address: the VM exists (its next launcher pod takes it back).
+    VirtualMachine,
     HostNetwork,
     /// Terminating, but GC of terminating pods on this node's state is off.
     Terminating,
@@ -139,10 +150,11 @@ pub enum LeakReason {
     RunningWithoutPodIps,
     StatefulSetGone,
     StatefulSetScaledDown,
+    VirtualMachineGone,
 }
 
 impl LeakReason {
-    pub const ALL: [LeakReason; 8] = [
+    pub const ALL: [LeakReason; 9] = [
         LeakReason::PodDeleted,
         LeakReason::UidMismatch,
         LeakReason::Finished,
@@ -151,6 +163,7 @@ impl LeakReason {
         LeakReason::RunningWithoutPodIps,
         LeakReason::StatefulSetGone,
         LeakReason::StatefulSetScaledDown,
+        LeakReason::VirtualMachineGone,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -163,6 +176,7 @@ impl LeakReason {
             LeakReason::RunningWithoutPodIps => "running-without-pod-ips",
             LeakReason::StatefulSetGone => "statefulset-gone",
             LeakReason::StatefulSetScaledDown => "statefulset-scaled-down",
+            LeakReason::VirtualMachineGone => "virtualmachine-gone",
         }
     }
 
@@ -184,6 +198,10 @@ impl LeakReason {
             LeakReason::StatefulSetGone => "the pod and its StatefulSet no longer exist",
             LeakReason::StatefulSetScaledDown => {
                 "the pod no longer exists and its StatefulSet was scaled below its ordinal"
+            }
+            LeakReason::VirtualMachineGone => {
+                "the launcher pod and its virtual machine (VirtualMachine and instance) no longer \
+                 exist"
             }
         }
     }
@@ -217,12 +235,12 @@ impl Verdict {
 }
 
 /// The decision table (see the module's documentation). `pod` is what the cluster says about
-/// the pod of `claim`'s namespace and name (`None`: no such pod); `statefulset` what it says
-/// about the claim's StatefulSet.
+/// the pod of `claim`'s namespace and name (`None`: no such pod); `owner_state` what it says
+/// about the claim's StatefulSet or virtual machine.
 pub fn decide(
     claim: &Claim,
     pod: Option<&PodState>,
-    statefulset: StatefulSetState,
+    owner_state: OwnerState,
     config: &GcConfig,
 ) -> Verdict {
     if !config.enabled {
@@ -238,34 +256,40 @@ pub fn decide(
     let leak = |reason, not_before| Verdict::Leak { reason, not_before };
     let after_first_sighting = |reason| leak(reason, NotBefore::AfterFirstSighting(delay));
     let owner = claim.pod.owner_name.as_deref().unwrap_or("");
-    let valid_statefulset = match statefulset {
-        StatefulSetState::Replicas(n) => !scaled_away(&claim.pod.name, owner, n),
-        StatefulSetState::NotStateful | StatefulSetState::Gone => false,
+    // The owner keeps the address whatever became of the pod.
+    let kept_by_owner = match owner_state {
+        OwnerState::Replicas(n) if !scaled_away(&claim.pod.name, owner, n) => {
+            Some(Keep::StatefulSet)
+        }
+        OwnerState::VirtualMachine if claim.pod.virtual_machine().is_some() => {
+            Some(Keep::VirtualMachine)
+        }
+        _ => None,
     };
 
     let Some(pod) = pod else {
-        return match statefulset {
-            _ if valid_statefulset => Verdict::Keep(Keep::StatefulSet),
-            StatefulSetState::Gone => after_first_sighting(LeakReason::StatefulSetGone),
-            StatefulSetState::Replicas(_) => {
-                after_first_sighting(LeakReason::StatefulSetScaledDown)
+        return match owner_state {
+            _ if kept_by_owner.is_some() => Verdict::Keep(kept_by_owner.expect("checked")),
+            OwnerState::StatefulSetGone => after_first_sighting(LeakReason::StatefulSetGone),
+            OwnerState::Replicas(_) => after_first_sighting(LeakReason::StatefulSetScaledDown),
+            OwnerState::VirtualMachineGone => after_first_sighting(LeakReason::VirtualMachineGone),
+            OwnerState::NotKept | OwnerState::VirtualMachine => {
+                after_first_sighting(LeakReason::PodDeleted)
             }
-            StatefulSetState::NotStateful => after_first_sighting(LeakReason::PodDeleted),
         };
     };
     let same_pod = claim.pod.uid.is_empty() || pod.uid.is_empty() || claim.pod.uid == pod.uid;
     if !same_pod {
-        return if valid_statefulset {
-            Verdict::Keep(Keep::StatefulSet)
-        } else {
-            after_first_sighting(LeakReason::UidMismatch)
+        return match kept_by_owner {
+            Some(keep) => Verdict::Keep(keep),
+            None => after_first_sighting(LeakReason::UidMismatch),
         };
     }
     if pod.host_network {
         return Verdict::Keep(Keep::HostNetwork);
     }
-    if valid_statefulset {
-        return Verdict::Keep(Keep::StatefulSet);
+    if let Some(keep) = kept_by_owner {
+        return Verdict::Keep(keep);
     }
     match pod.phase {
         PodPhase::Succeeded | PodPhase::Failed => {

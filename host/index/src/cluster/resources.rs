@@ -2,11 +2,13 @@
 
 use allot_core::config::ObjectKind;
 use allot_core::gc::PodPhase;
+use allot_core::store::VIRTUAL_MACHINE_KIND;
 use allot_k8s::Endpoint;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::DynamicObject;
+use kube::core::PartialObjectMeta;
 
 use super::{AllotEntry, ClusterIndex, ClusterKind, EndpointEntry, Key, PodEntry};
 use crate::allot::observe;
@@ -62,6 +64,9 @@ impl PodEntry {
                 || status.and_then(|s| s.pod_ip.as_ref()).is_some(),
             finished_at,
             addresses: crate::multus::pod_addresses(pod),
+            virtual_machine: crate::resources::pod_controller(m)
+                .filter(|o| o.kind == VIRTUAL_MACHINE_KIND)
+                .map(|o| o.name),
         }
     }
 
@@ -269,3 +274,47 @@ allot_kind!(
     ObjectKind::ReservedIp,
     ClusterKind::ReservedIp
 );
+
+/// A KubeVirt VirtualMachine (`kubevirt.io`), as a metadata watch delivers it.
+#[derive(Clone, Debug)]
+pub struct VirtualMachineObject(pub PartialObjectMeta<DynamicObject>);
+
+/// A KubeVirt VirtualMachineInstance (`kubevirt.io`), as a metadata watch delivers it.
+#[derive(Clone, Debug)]
+pub struct VirtualMachineInstanceObject(pub PartialObjectMeta<DynamicObject>);
+
+impl IndexResource<VirtualMachineObject> for ClusterIndex {
+    const KIND: &'static str = ClusterKind::VirtualMachine.as_str();
+
+    fn apply(&mut self, vm: VirtualMachineObject) {
+        self.virtual_machines.insert(names(&vm.0.metadata));
+    }
+
+    fn delete(&mut self, vm: VirtualMachineObject) {
+        self.virtual_machines.remove(&names(&vm.0.metadata));
+    }
+
+    fn reset(&mut self, all: Vec<VirtualMachineObject>) {
+        self.virtual_machines = all.iter().map(|vm| names(&vm.0.metadata)).collect();
+        self.mark_synced(ClusterKind::VirtualMachine);
+    }
+}
+
+impl IndexResource<VirtualMachineInstanceObject> for ClusterIndex {
+    const KIND: &'static str = ClusterKind::VirtualMachineInstance.as_str();
+
+    fn apply(&mut self, vmi: VirtualMachineInstanceObject) {
+        self.virtual_machine_instances
+            .insert(names(&vmi.0.metadata));
+    }
+
+    fn delete(&mut self, vmi: VirtualMachineInstanceObject) {
+        self.virtual_machine_instances
+            .remove(&names(&vmi.0.metadata));
+    }
+
+    fn reset(&mut self, all: Vec<VirtualMachineInstanceObject>) {
+        self.virtual_machine_instances = all.iter().map(|vmi| names(&vmi.0.metadata)).collect();
+        self.mark_synced(ClusterKind::VirtualMachineInstance);
+    }
+}
