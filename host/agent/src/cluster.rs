@@ -8,6 +8,7 @@
 //! controller (a later issue) derives pool status counts and collects garbage.
 
 mod endpoints;
+pub mod migration;
 mod policy;
 
 use std::sync::Arc;

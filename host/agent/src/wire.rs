@@ -42,5 +42,6 @@ pub fn result(o: &AddOutcome) -> api::IpamResult {
             .collect(),
         probe: None,
         preprobed: None,
+        guest_addresses: Vec::new(),
     }
 }

@@ -138,6 +138,13 @@ pub struct IpamResult {
     /// for gateways, answering) recently enough that the plugin need not probe it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preprobed: Option<Preprobed>,
+    /// ADD only: addresses (without prefix length) a KubeVirt virtual machine's guest is using
+    /// right now from its live migration's source on another node. The plugin neither probes
+    /// them (the guest answers for them) nor announces them (that would draw the guest's
+    /// traffic here before the migration completes); the agent announces them from this pod
+    /// once the VM runs here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guest_addresses: Vec<String>,
 }
 
 /// Addresses and gateways of an ADD's result the agent probed from the pod's parent link

@@ -88,6 +88,15 @@ pub fn settle(
         CniError::new(codes::PROBE_FAILED, format!("probe settings: {e}"))
     })?;
     let who = format!("{}/{}", request.container_id, request.if_name);
+    if !result.guest_addresses.is_empty() {
+        let _ = writeln!(
+            log,
+            "allot: ADD {who}: {} in use by the virtual machine's guest on its migration's \
+             source: not probed or announced here (allot-agent announces them once the VM runs \
+             here)",
+            result.guest_addresses.join(", ")
+        );
+    }
     let mut seen: Vec<Conflict> = Vec::new();
     // Addresses found free in an earlier round (the other family of a dual-stack ADD whose
     // first address conflicted) are not probed again.
@@ -283,10 +292,18 @@ fn probe_round(
     free: &mut Vec<IpAddr>,
     gateways_up: &[IpAddr],
 ) -> Result<Verdict, allot_probe::ProbeError> {
+    // A virtual machine's guest uses these from its migration's source right now: it would
+    // answer a probe, and an announcement would draw its traffic here too early.
+    let guest: Vec<IpAddr> = result
+        .guest_addresses
+        .iter()
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let addresses: Vec<IpAddr> = result
         .ips
         .iter()
         .filter_map(|ip| address_of(&ip.address))
+        .filter(|a| !guest.contains(a))
         .collect();
     let mut gateways: Vec<IpAddr> = result
         .ips
@@ -296,9 +313,9 @@ fn probe_round(
     gateways.dedup();
     gateways.retain(|g| !gateways_up.contains(g));
     let gateways_left = settings.gateway && !gateways.is_empty();
-    if !(settings.conflict || gateways_left) {
-        // Everything was probed ahead and nothing is to be announced: the pod's namespace is
-        // not even entered.
+    if !((settings.conflict && !addresses.is_empty()) || gateways_left) {
+        // Nothing to probe or announce (all probed ahead, or the guest's): the pod's namespace
+        // is not even entered.
         return Ok(Verdict::Clean {
             announce_failures: Vec::new(),
         });
@@ -393,6 +410,45 @@ mod tests {
         }
     }
 
+    /// A live migration's target: the addresses the guest still uses from the source are
+    /// neither probed nor announced, so the pod's namespace is not even entered (here it does
+    /// not exist, which would fail any probe) and nothing is released.
+    #[test]
+    fn a_virtual_machines_guest_addresses_are_not_probed() {
+        let mut agent = Refusing { released: 0 };
+        let result = IpamResult {
+            ips: vec![IpConfig {
+                address: "192.0.2.10/24".into(),
+                gateway: None,
+                pool: "p".into(),
+            }],
+            guest_addresses: vec!["192.0.2.10".into()],
+            ..IpamResult::default()
+        };
+        let settings = ProbeSettings {
+            conflict: true,
+            ..ProbeSettings::default()
+        };
+        let mut log = Vec::new();
+        let out = settle(
+            Path::new("/nonexistent/netns"),
+            "net1",
+            settings,
+            &AddRequest::default(),
+            result.clone(),
+            &mut agent,
+            &mut log,
+        )
+        .unwrap();
+        assert_eq!(out, result);
+        assert_eq!(agent.released, 0);
+        let log = String::from_utf8(log).unwrap();
+        assert!(
+            log.contains("192.0.2.10 in use by the virtual machine's guest"),
+            "{log}"
+        );
+    }
+
     /// A probe that cannot run (no such namespace) fails the ADD with code 107, names the
     /// reason, and releases what was allocated.
     #[test]
@@ -407,6 +463,7 @@ mod tests {
             routes: vec![],
             probe: None,
             preprobed: None,
+            guest_addresses: vec![],
         };
         let settings = ProbeSettings {
             conflict: true,

@@ -218,6 +218,7 @@ mod tests {
             }],
             probe: None,
             preprobed: None,
+            guest_addresses: vec![],
         }
     }
 

@@ -316,6 +316,7 @@ fn dual_stack_result() -> IpamResult {
         }],
         probe: None,
         preprobed: None,
+        guest_addresses: Vec::new(),
     }
 }
 

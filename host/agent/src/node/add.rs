@@ -9,11 +9,11 @@ use std::time::Instant;
 use allot_api as api;
 use allot_core::engine::{AddOutcome, AddRequest};
 use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, Owner, PodInfo};
-use allot_core::store::Attachment;
+use allot_core::store::{Attachment, VIRTUAL_MACHINE_KIND};
 use allot_index::PodRequest;
 
 use super::{Node, NodeError};
-use crate::cluster::LookupError;
+use crate::cluster::{LookupError, migration};
 use crate::wire;
 
 /// Which ADD a served outcome answers.
@@ -31,6 +31,13 @@ impl Node {
     pub async fn add(self: &Arc<Self>, r: api::AddRequest) -> Result<api::IpamResult, NodeError> {
         let started = Instant::now();
         let (request, found) = self.add_request("add", &r).await?;
+        let virtual_machine = request
+            .pod
+            .owner
+            .as_ref()
+            .filter(|o| o.kind == VIRTUAL_MACHINE_KIND)
+            .map(|o| (request.pod.namespace.clone(), o.name.clone()));
+        let (netns, interface) = (r.netns.clone(), r.if_name.clone());
         let served = self
             .blocking("add", move |node| {
                 let lock = node.engine.serialize(&request.attachment);
@@ -45,6 +52,27 @@ impl Node {
         self.metrics
             .add_seconds
             .observe(started.elapsed().as_secs_f64());
+        if let (Ok(result), Some(cluster), Some((namespace, instance))) =
+            (&served, &self.cluster, virtual_machine)
+            && !result.guest_addresses.is_empty()
+        {
+            tokio::spawn(migration::announce_after_cut_over(
+                cluster.client.clone(),
+                migration::CutOver {
+                    namespace,
+                    instance,
+                    node: self.name.clone(),
+                    netns: netns.into(),
+                    interface,
+                    addresses: result
+                        .guest_addresses
+                        .iter()
+                        .filter_map(|a| a.parse().ok())
+                        .collect(),
+                },
+                migration::WAIT_AT_MOST,
+            ));
+        }
         served
     }
 
@@ -140,9 +168,28 @@ impl Node {
             .ahead
             .as_ref()
             .and_then(|a| a.served(r, r.probe.or(probe), out));
+        // A live migration's target: what the guest still uses from the source is announced
+        // here at the handover, not probed or announced by the plugin now.
+        let migrating = found.is_some_and(|p| {
+            p.pod
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.kind == VIRTUAL_MACHINE_KIND)
+                && migration::is_migration_target(&p.pod.labels)
+        });
+        let guest_addresses = if migrating {
+            out.allocations
+                .iter()
+                .filter(|a| !out.claimed.contains(&a.address))
+                .map(|a| a.address.to_string())
+                .collect()
+        } else {
+            Vec::new()
+        };
         api::IpamResult {
             probe,
             preprobed,
+            guest_addresses,
             ..wire::result(out)
         }
     }
