@@ -166,6 +166,13 @@ pub struct UnderlayArgs {
     /// Probe requests one link may send per second when probing ahead, at most.
     #[arg(long, value_name = "N", default_value_t = 20)]
     probe_ahead_rate: u32,
+    /// Cluster mode: once a KubeVirt live migration to this node completes (its
+    /// VirtualMachineInstance's status.nodeName names this node), announce the VM's addresses
+    /// from the target launcher pod's interface (gratuitous ARP, unsolicited Neighbor
+    /// Advertisement). Enters pods' network namespaces: needs CAP_SYS_ADMIN and CAP_NET_RAW,
+    /// and the host's network namespace directory (CNI_NETNS) at the same path.
+    #[arg(long)]
+    announce_after_migration: bool,
 }
 
 impl UnderlayArgs {
@@ -216,6 +223,7 @@ impl UnderlayArgs {
                 fresh: Duration::from_secs(self.probe_ahead_fresh_seconds),
                 rate: self.probe_ahead_rate,
             }),
+            announce_after_migration: self.announce_after_migration,
         })
     }
 }
@@ -245,6 +253,7 @@ mod tests {
                 probe: None,
                 quarantine_seconds: DEFAULT_QUARANTINE_SECONDS,
                 ahead: None,
+                announce_after_migration: false,
             }
         );
         // Tries and timeout alone turn nothing on.

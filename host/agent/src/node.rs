@@ -46,6 +46,8 @@ pub struct Underlay {
     pub quarantine_seconds: u64,
     /// `--probe-ahead` and its settings; `None` when off.
     pub ahead: Option<AheadConfig>,
+    /// `--announce-after-migration`.
+    pub announce_after_migration: bool,
 }
 
 impl Default for Underlay {
@@ -54,6 +56,7 @@ impl Default for Underlay {
             probe: None,
             quarantine_seconds: DEFAULT_QUARANTINE_SECONDS,
             ahead: None,
+            announce_after_migration: false,
         }
     }
 }

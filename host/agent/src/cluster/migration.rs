@@ -40,6 +40,8 @@ pub struct CutOver {
     pub namespace: String,
     /// The VirtualMachineInstance (named after its VirtualMachine).
     pub instance: String,
+    /// The migration's UID (the target pod's `kubevirt.io/migrationJobUID`).
+    pub migration: String,
     pub node: String,
     pub netns: PathBuf,
     pub interface: String,
@@ -55,13 +57,18 @@ enum Handover {
     NotHere(String),
 }
 
-/// Reads what `vmi` says of the handover to `node`, if anything yet.
-fn handover(vmi: &DynamicObject, node: &str) -> Option<Handover> {
+/// Reads what `vmi` says of migration `uid`'s handover to `node`, if anything yet. The
+/// instance's `migrationState` may still be an earlier migration's (KubeVirt writes the new one
+/// only once the target pod runs): only this migration's state can say it ended elsewhere.
+fn handover(vmi: &DynamicObject, node: &str, uid: &str) -> Option<Handover> {
     let status = vmi.data.get("status")?;
     if status.get("nodeName").and_then(|n| n.as_str()) == Some(node) {
         return Some(Handover::Here);
     }
     let migration = status.get("migrationState")?;
+    if migration.get("migrationUid").and_then(|u| u.as_str()) != Some(uid) {
+        return None;
+    }
     let failed = migration.get("failed").and_then(|f| f.as_bool()) == Some(true);
     let completed = migration.get("completed").and_then(|c| c.as_bool()) == Some(true);
     (failed || completed).then(|| {
@@ -93,7 +100,7 @@ pub async fn announce_after_cut_over(client: kube::Client, c: CutOver, wait: Dur
             match event {
                 Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
                     seen = true;
-                    if let Some(h) = handover(&o, &c.node) {
+                    if let Some(h) = handover(&o, &c.node, &c.migration) {
                         return h;
                     }
                 }
@@ -157,19 +164,30 @@ mod tests {
 
     #[test]
     fn the_handover_is_read_from_the_instances_status() {
-        let running_there =
-            vmi(json!({"nodeName": "node-1", "migrationState": {"targetNode": "node-2"}}));
-        assert_eq!(handover(&running_there, "node-2"), None, "still migrating");
-        let here = vmi(json!({"nodeName": "node-2", "migrationState": {"completed": true}}));
-        assert_eq!(handover(&here, "node-2"), Some(Handover::Here));
-        let failed = vmi(
-            json!({"nodeName": "node-1", "migrationState": {"completed": true, "failed": true}}),
+        let migrating = vmi(json!({"nodeName": "node-1",
+            "migrationState": {"migrationUid": "m2", "targetNode": "node-2"}}));
+        assert_eq!(
+            handover(&migrating, "node-2", "m2"),
+            None,
+            "still migrating"
         );
+        let here = vmi(json!({"nodeName": "node-2",
+            "migrationState": {"migrationUid": "m2", "completed": true}}));
+        assert_eq!(handover(&here, "node-2", "m2"), Some(Handover::Here));
+        let failed = vmi(json!({"nodeName": "node-1",
+            "migrationState": {"migrationUid": "m2", "completed": true, "failed": true}}));
         assert!(matches!(
-            handover(&failed, "node-2"),
+            handover(&failed, "node-2", "m2"),
             Some(Handover::NotHere(_))
         ));
-        assert_eq!(handover(&vmi(json!(null)), "node-2"), None);
+        let earlier = vmi(json!({"nodeName": "node-1",
+            "migrationState": {"migrationUid": "m1", "completed": true}}));
+        assert_eq!(
+            handover(&earlier, "node-2", "m2"),
+            None,
+            "an earlier migration's state says nothing of this one"
+        );
+        assert_eq!(handover(&vmi(json!(null)), "node-2", "m2"), None);
     }
 
     #[test]

@@ -37,6 +37,12 @@ impl Node {
             .as_ref()
             .filter(|o| o.kind == VIRTUAL_MACHINE_KIND)
             .map(|o| (request.pod.namespace.clone(), o.name.clone()));
+        let migration_uid = request
+            .pod
+            .labels
+            .get(migration::MIGRATION_JOB_LABEL)
+            .cloned()
+            .unwrap_or_default();
         let (netns, interface) = (r.netns.clone(), r.if_name.clone());
         let served = self
             .blocking("add", move |node| {
@@ -56,11 +62,16 @@ impl Node {
             (&served, &self.cluster, virtual_machine)
             && !result.guest_addresses.is_empty()
         {
+            if !self.underlay.announce_after_migration {
+                tracing::info!(vm = %format!("{namespace}/{instance}"), "live migration target: the guest's addresses are not announced from here after the handover (--announce-after-migration is off); the guest's own announcement is relied on");
+                return served;
+            }
             tokio::spawn(migration::announce_after_cut_over(
                 cluster.client.clone(),
                 migration::CutOver {
                     namespace,
                     instance,
+                    migration: migration_uid,
                     node: self.name.clone(),
                     netns: netns.into(),
                     interface,

@@ -230,6 +230,11 @@ pub(super) fn holder(claims: &[Claim], address: IpAddr) -> String {
             "it is quarantined: host {} answered for it on the link",
             c.pod.conflict_mac().unwrap_or("?")
         ),
+        Some(c) if c.attachment.is_none() && c.pod.virtual_machine().is_some() => format!(
+            "it is kept for virtual machine {}/{} (between its launcher pods)",
+            c.pod.namespace,
+            c.pod.virtual_machine().unwrap_or_default()
+        ),
         Some(c) if c.attachment.is_none() => format!(
             "it is kept for pod {}/{} (a StatefulSet pod between restarts)",
             c.pod.namespace, c.pod.name

@@ -91,6 +91,14 @@ impl NodeFs {
         if first.is_some_and(|f| f == "proc" || f == "sys" || f == "dev") {
             return Ok(rel.to_path_buf());
         }
+        // Pods' network namespaces are the machine's, bound at /run/netns in the node's view
+        // (see the module's documentation): a pod mounting them sees them as the node does.
+        if rel.starts_with("/run/netns") || rel.starts_with("/var/run/netns") {
+            return Ok(Path::new("/run/netns").join(
+                rel.strip_prefix("/var/run/netns")
+                    .or_else(|_| rel.strip_prefix("/run/netns"))?,
+            ));
+        }
         Ok(self.root.join(rel.strip_prefix("/")?))
     }
 
