@@ -171,8 +171,15 @@ def check_values():
         "agent.probe.timeoutMs": lambda: has(agent, "--probe-timeout-ms=200"),
         "agent.probe.quarantineSeconds": lambda: has(agent, "--quarantine-seconds=600"),
         "agent.probeAhead.enabled": lambda: has(agent, "--probe-ahead")
-        and caps.get("add") == ["NET_RAW", "NET_ADMIN"]
+        and "NET_ADMIN" in caps.get("add", [])
         and "add" not in container(D, "DaemonSet", "allot-agent")["securityContext"]["capabilities"],
+        "agent.liveMigration.announce": lambda: has(agent, "--announce-after-migration")
+        and caps.get("add") == ["NET_RAW", "NET_ADMIN", "SYS_ADMIN"]
+        and not has(container(D, "DaemonSet", "allot-agent"), "--announce-after-migration")
+        and all(v["name"] != "netns" for v in pod_spec(D, "DaemonSet", "allot-agent")["volumes"]),
+        "agent.liveMigration.netnsDir": lambda: volumes["netns"] == "/var/run/netns"
+        and any(m["name"] == "netns" and m["mountPath"] == "/var/run/netns"
+                for m in agent["volumeMounts"]),
         "agent.probeAhead.candidates": lambda: has(agent, "--probe-ahead-candidates=4"),
         "agent.probeAhead.freshSeconds": lambda: has(agent, "--probe-ahead-fresh-seconds=20"),
         "agent.probeAhead.rate": lambda: has(agent, "--probe-ahead-rate=10"),

@@ -168,7 +168,10 @@ def check_rbac_comments():
 def check_security(docs, label, probe_ahead):
     """Least privilege of the pods: no privileged container, no escalation, a read-only root,
     every capability dropped; the agent alone on the host network, as root, with host
-    directories (exactly the four it needs) and, for probing ahead only, NET_RAW and NET_ADMIN."""
+    directories (exactly the four it needs, and the runtime's netns directory, read-only, to
+    announce after live migrations) and, for probing ahead only, NET_RAW and NET_ADMIN, for
+    announcing after live migrations only, NET_RAW and SYS_ADMIN. `probe_ahead` stands for the
+    full values, which turn both on."""
     for d, pod in pods(docs):
         name = d["metadata"]["name"]
         agent = name == "allot-agent"
@@ -178,9 +181,10 @@ def check_security(docs, label, probe_ahead):
         host_paths = sorted(v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v)
         if not agent and host_paths:
             fail(f"{where}: host directories {host_paths}")
-        if agent and len(host_paths) != 4:
+        if agent and len(host_paths) != (5 if probe_ahead else 4):
             fail(f"{where}: host directories {host_paths}, expected the CNI plugin and "
-                 "configuration directories, the socket's and the journal's")
+                 "configuration directories, the socket's and the journal's (and the netns "
+                 "directory when announcing after live migrations)")
         if not agent and pod.get("securityContext", {}).get("runAsNonRoot") is not True:
             fail(f"{where}: runs as root")
         for c in pod.get("initContainers", []) + pod["containers"]:
@@ -196,7 +200,13 @@ def check_security(docs, label, probe_ahead):
             if caps.get("drop") != ["ALL"]:
                 fail(f"{cw}: capabilities not all dropped")
             added = caps.get("add", [])
-            allowed = ["NET_RAW", "NET_ADMIN"] if agent and c["name"] == "agent" and probe_ahead else []
+            allowed = (["NET_RAW", "NET_ADMIN", "SYS_ADMIN"]
+                       if agent and c["name"] == "agent" and probe_ahead else [])
+            if agent and c["name"] == "agent" and probe_ahead:
+                netns = [m for m in c.get("volumeMounts", []) if m["name"] == "netns"]
+                if not netns or netns[0].get("readOnly") is not True \
+                        or netns[0].get("mountPropagation") != "HostToContainer":
+                    fail(f"{cw}: the netns directory must be mounted read-only, HostToContainer")
             if added != allowed:
                 fail(f"{cw}: capabilities {added}, expected {allowed}")
     say(f"[{label}] pods: least privilege (capabilities, root, host network and directories)")

@@ -97,6 +97,15 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
             )
             .map(drop)
             .map_err(|e| e.to_string()),
+            // A KubeVirt VirtualMachine (examples/kubernetes/virtual-machine.yaml): allot reads
+            // nothing of it but its name; its underlay network must name a Multus network.
+            "VirtualMachine" => doc["spec"]["template"]["spec"]["networks"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .find_map(|n| n["multus"]["networkName"].as_str())
+                .map(drop)
+                .ok_or_else(|| "no Multus network".to_string()),
             other => Err(format!("unknown kind {other}")),
         };
         if let Err(e) = parsed {
@@ -118,7 +127,8 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
             "Policy",
             "ReservedIP",
             "StatefulSet",
-            "Subnet"
+            "Subnet",
+            "VirtualMachine"
         ]
     );
 }
