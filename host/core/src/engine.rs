@@ -623,9 +623,9 @@ impl<S: Store, P: Policy> Engine<S, P> {
         Ok(())
     }
 
-    /// The kept addresses a StatefulSet pod (or a virtual machine's launcher pod) takes back, per family, when their pool is still
-    /// among the candidates the policy ordered (or dropped only for being full: the kept
-    /// address is part of why it is full).
+    /// The kept addresses a StatefulSet pod (or a virtual machine's launcher pod) takes back,
+    /// per family, when their pool is still among the candidates the policy ordered (or dropped
+    /// only for being full: the kept address is part of why it is full).
     fn kept_for(
         &self,
         pod: &PodRef,

@@ -96,6 +96,7 @@ pub async fn announce_after_cut_over(client: kube::Client, c: CutOver, wait: Dur
     let watched = async {
         let mut events = std::pin::pin!(watcher(api, config).default_backoff());
         let mut seen = false;
+        let mut failing = false;
         while let Some(event) = events.next().await {
             match event {
                 Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
@@ -111,7 +112,16 @@ pub async fn announce_after_cut_over(client: kube::Client, c: CutOver, wait: Dur
                     return Handover::NotHere("the instance does not exist".into());
                 }
                 Ok(_) => {}
-                Err(e) => tracing::debug!("watching {}/{}: {e}", c.namespace, c.instance),
+                // Retried with backoff; said once (a refusal would otherwise fill the log).
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(
+                        "watching VirtualMachineInstance {}/{} failed, retrying: {e}",
+                        c.namespace,
+                        c.instance
+                    );
+                }
+                Err(_) => {}
             }
         }
         Handover::NotHere("the watch ended".into())

@@ -13,7 +13,8 @@ const RELEASE_BATCH: usize = 1000;
 
 impl<S: Store, P: Policy> Engine<S, P> {
     /// Releases what `attachment` holds; a StatefulSet pod's addresses are kept (detached) for
-    /// its next ADD, a virtual machine's for its next launcher pod. Idempotent. Returns the addresses released or kept.
+    /// its next ADD, a virtual machine's for its next launcher pod. Idempotent. Returns the
+    /// addresses released or kept.
     pub fn del(&self, attachment: &Attachment) -> Result<Vec<Claim>, AllocError> {
         self.del_request(&DelRequest::new(attachment.clone()))
     }
