@@ -1,17 +1,21 @@
-//! The node agent's memory in cluster mode, per 100,000 claims: two agents (`--kubernetes`)
-//! on the in-memory API server over loopback HTTP, one on a cluster whose IPBlocks hold
-//! `ALLOT_BENCH_CLAIMS` claims (default 100,000, made by other nodes) and one on an empty
-//! cluster, measured in the same run; the difference of their resident sets is what the claims
-//! cost the agent (the store's mirror and the engine's per-pool indexes).
+//! The node agent's memory in cluster mode, per 100,000 claims: two agents (`--kubernetes`) on
+//! one cluster, one while its IPBlocks hold no claim and one once they hold
+//! `ALLOT_BENCH_CLAIMS` claims (default 100,000, made by other nodes); the difference of their
+//! resident sets is what the claims cost the agent (the store's mirror and the engine's
+//! per-pool indexes). Measured on the in-memory API server over loopback HTTP and, in the same
+//! run, on a real kube-apiserver (`allot_lab::LoopbackControlPlane`, built by
+//! `scripts/setup.sh`; skipped with a line when its binaries are not there).
 //!
 //! `cargo bench -p allot-e2e --bench kube_agent` (after a release build; no root needed).
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use allot_e2e::Agent;
+use allot_lab::{LoopbackControlPlane, LoopbackOptions};
 use allot_test_apiserver::ApiServer;
-use serde_json::{Map, json};
+use serde_json::{Map, Value, json};
 
 const NODE: &str = "node-bench";
 
@@ -22,26 +26,18 @@ fn claims_wanted() -> usize {
         .unwrap_or(100_000)
 }
 
-/// An API server on a loopback port with one /14 pool and `claims` claims in full blocks,
-/// made by pods of 40 other nodes; returns it with its kubeconfig.
-fn cluster(runtime: &tokio::runtime::Runtime, claims: usize) -> (ApiServer, tempfile::TempDir) {
-    let server = ApiServer::new();
-    let addr = runtime
-        .block_on(server.serve("127.0.0.1:0".parse().unwrap()))
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("kubeconfig"),
-        ApiServer::kubeconfig(&format!("http://{addr}")),
-    )
-    .unwrap();
-    server.insert(
-        "ippools",
-        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
-               "metadata": {"name": "big"},
-               "spec": {"subnet": "10.64.0.0/14", "gateway": "10.64.0.1", "default": true}}),
-    );
+/// The one /14 pool every claim is of.
+fn pool() -> Value {
+    json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
+           "metadata": {"name": "big"},
+           "spec": {"subnet": "10.64.0.0/14", "gateway": "10.64.0.1", "default": true}})
+}
+
+/// `claims` claims in full blocks, made by pods of 40 other nodes (realistic values: 64-hex
+/// container IDs, UUIDs, ReplicaSet pod names).
+fn blocks(claims: usize) -> Vec<Value> {
     let base = u32::from(Ipv4Addr::new(10, 64, 0, 64));
+    let mut out = Vec::new();
     for block in 0..claims.div_ceil(64) {
         let first = base + (block as u32) * 64;
         let mut map = Map::new();
@@ -62,15 +58,14 @@ fn cluster(runtime: &tokio::runtime::Runtime, claims: usize) -> (ApiServer, temp
             );
         }
         let a = Ipv4Addr::from(first).octets();
-        server.insert(
-            "ipblocks",
+        out.push(
             json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPBlock",
-                   "metadata": {"name": format!("v4-{}-{}-{}-{}-26", a[0], a[1], a[2], a[3])},
-                   "spec": {"cidr": format!("{}/26", Ipv4Addr::from(first)),
-                            "node": format!("node-{}", block % 40), "claims": map}}),
+               "metadata": {"name": format!("v4-{}-{}-{}-{}-26", a[0], a[1], a[2], a[3])},
+               "spec": {"cidr": format!("{}/26", Ipv4Addr::from(first)),
+                        "node": format!("node-{}", block % 40), "claims": map}}),
         );
     }
-    (server, dir)
+    out
 }
 
 /// The agent's resident set, read once it has settled (three equal readings 500 ms apart).
@@ -102,31 +97,83 @@ fn rss_mib(agent: &Agent) -> f64 {
     last
 }
 
+/// Starts an agent on the cluster of `kubeconfig` holding `n` claims, prints and returns its
+/// settled resident set.
+fn measure(server: &str, kubeconfig: &Path, n: usize, blocks: usize) -> f64 {
+    let started = Instant::now();
+    let agent = Agent::start_on_cluster(kubeconfig, NODE, &[]);
+    let ready = started.elapsed();
+    let usage = agent.status().pools;
+    let held = usage.iter().map(|p| p.total - p.free).sum::<u64>();
+    assert_eq!(held as usize, n, "the agent sees every claim");
+    let rss = rss_mib(&agent);
+    println!(
+        "{server}: {n:>7} claims in {blocks:>5} IPBlocks: agent ready in {:>6.0} ms, resident \
+         {rss:>6.1} MiB",
+        ready.as_secs_f64() * 1e3
+    );
+    rss
+}
+
+fn per_100k(server: &str, empty: f64, full: f64, claims: usize) -> f64 {
+    let per = (full - empty) * 100_000.0 / claims as f64;
+    println!("{server}: agent memory per 100,000 claims: {per:.1} MiB (goal <= 50 MB)");
+    per
+}
+
 fn main() {
     let claims = claims_wanted();
+    let objects = blocks(claims);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
+
+    let name = "the in-memory API server";
     let mut measured = Vec::new();
     for n in [0, claims] {
-        let (server, dir) = cluster(&runtime, n);
-        let started = Instant::now();
-        let agent = Agent::start_on_cluster(&dir.path().join("kubeconfig"), NODE, &[]);
-        let ready = started.elapsed();
-        let usage = agent.status().pools;
-        let held = usage.iter().map(|p| p.total - p.free).sum::<u64>();
-        assert_eq!(held as usize, n, "the agent sees every claim");
-        let rss = rss_mib(&agent);
-        println!(
-            "{n:>7} claims in {:>5} IPBlocks: agent ready in {:>6.0} ms, resident {rss:>6.1} MiB",
-            server.objects("ipblocks").len(),
-            ready.as_secs_f64() * 1e3
-        );
-        measured.push(rss);
-        drop(agent);
+        let server = ApiServer::new();
+        let addr = runtime
+            .block_on(server.serve("127.0.0.1:0".parse().unwrap()))
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            ApiServer::kubeconfig(&format!("http://{addr}")),
+        )
+        .unwrap();
+        server.insert("ippools", pool());
+        let written = if n == 0 { &[][..] } else { &objects[..] };
+        for o in written {
+            server.insert("ipblocks", o.clone());
+        }
+        measured.push(measure(name, &kubeconfig, n, written.len()));
     }
-    let per_100k = (measured[1] - measured[0]) * 100_000.0 / claims as f64;
-    println!("agent memory per 100,000 claims: {per_100k:.1} MiB (goal <= 50 MB)");
+    let in_memory = per_100k(name, measured[0], measured[1], claims);
+
+    let plane = match LoopbackControlPlane::start(LoopbackOptions::default()) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("a real kube-apiserver: skipped ({e:#}); run scripts/setup.sh");
+            return;
+        }
+    };
+    let name = "a real kube-apiserver (etcd 3.6, Kubernetes 1.35)";
+    plane.apply_crds(&allot_k8s::crds()).unwrap();
+    plane.create("ippools", pool()).unwrap();
+    let empty = measure(name, plane.kubeconfig(), 0, 0);
+    let t = Instant::now();
+    for o in &objects {
+        plane.create("ipblocks", o.clone()).unwrap();
+    }
+    println!(
+        "{name}: {} IPBlocks created in {:.1} s",
+        objects.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let full = measure(name, plane.kubeconfig(), claims, objects.len());
+    let real = per_100k(name, empty, full, claims);
+    println!("real / in-memory: {:.2}", real / in_memory);
 }
