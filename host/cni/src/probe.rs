@@ -410,11 +410,10 @@ mod tests {
         }
     }
 
-    /// A live migration's target: the addresses the guest still uses from the source are
-    /// neither probed nor announced, so the pod's namespace is not even entered (here it does
-    /// not exist, which would fail any probe) and nothing is released.
-    #[test]
-    fn a_virtual_machines_guest_addresses_are_not_probed() {
+    /// A result of 192.0.2.10/24 whose `guest` addresses are the guest's, settled with
+    /// conflict probes in a namespace that does not exist: the answer, what the agent was
+    /// asked to release, and the log.
+    fn settled_nowhere(guest: &[&str]) -> (Result<IpamResult, CniError>, usize, String) {
         let mut agent = Refusing { released: 0 };
         let result = IpamResult {
             ips: vec![IpConfig {
@@ -422,7 +421,7 @@ mod tests {
                 gateway: None,
                 pool: "p".into(),
             }],
-            guest_addresses: vec!["192.0.2.10".into()],
+            guest_addresses: guest.iter().map(|a| a.to_string()).collect(),
             ..IpamResult::default()
         };
         let settings = ProbeSettings {
@@ -435,14 +434,21 @@ mod tests {
             "net1",
             settings,
             &AddRequest::default(),
-            result.clone(),
+            result,
             &mut agent,
             &mut log,
-        )
-        .unwrap();
-        assert_eq!(out, result);
-        assert_eq!(agent.released, 0);
-        let log = String::from_utf8(log).unwrap();
+        );
+        (out, agent.released, String::from_utf8(log).unwrap())
+    }
+
+    /// A live migration's target: the addresses the guest still uses from the source are
+    /// neither probed nor announced, so the pod's namespace is not even entered (here it does
+    /// not exist, which would fail any probe) and nothing is released.
+    #[test]
+    fn a_virtual_machines_guest_addresses_are_not_probed() {
+        let (out, released, log) = settled_nowhere(&["192.0.2.10"]);
+        assert_eq!(out.unwrap().ips[0].address, "192.0.2.10/24");
+        assert_eq!(released, 0);
         assert!(
             log.contains("192.0.2.10 in use by the virtual machine's guest"),
             "{log}"
@@ -453,36 +459,11 @@ mod tests {
     /// reason, and releases what was allocated.
     #[test]
     fn a_probe_that_cannot_run_releases_and_fails() {
-        let mut agent = Refusing { released: 0 };
-        let result = IpamResult {
-            ips: vec![IpConfig {
-                address: "192.0.2.10/24".into(),
-                gateway: None,
-                pool: "p".into(),
-            }],
-            routes: vec![],
-            probe: None,
-            preprobed: None,
-            guest_addresses: vec![],
-        };
-        let settings = ProbeSettings {
-            conflict: true,
-            ..ProbeSettings::default()
-        };
-        let mut log = Vec::new();
-        let e = settle(
-            Path::new("/nonexistent/netns"),
-            "eth0",
-            settings,
-            &AddRequest::default(),
-            result,
-            &mut agent,
-            &mut log,
-        )
-        .unwrap_err();
+        let (out, released, _) = settled_nowhere(&[]);
+        let e = out.unwrap_err();
         assert_eq!(e.code, codes::PROBE_FAILED);
         assert!(e.msg.contains("/nonexistent/netns"), "{e:?}");
         assert!(e.msg.contains("released"), "{e:?}");
-        assert_eq!(agent.released, 1);
+        assert_eq!(released, 1);
     }
 }

@@ -15,13 +15,11 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::Duration;
 
 use allot_cluster_tests::Suite;
 use allot_cluster_tests::objects::{Held, claims_in, pod_ips};
+use allot_lab::capture::Capture;
 use allot_lab::testing::wait_for;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, EvictParams, ListParams};
@@ -224,78 +222,33 @@ spec:
 /// Who announced what: the address and the Ethernet source.
 type Announced = (IpAddr, [u8; 6]);
 
-/// Announcements seen on the lab's segment while a capture runs: gratuitous ARPs (sender and
-/// target address the same) and unsolicited Neighbor Advertisements (to all nodes, solicited
-/// flag clear), by the address they announce and who sent them.
-struct Announcements {
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<Announced>>>,
-    thread: thread::JoinHandle<()>,
-}
+/// Announcements seen on the lab's segment (in this machine's namespace) while a capture runs:
+/// gratuitous ARPs (sender and target address the same) and unsolicited Neighbor
+/// Advertisements (to all nodes, solicited flag clear), by the address they announce and who
+/// sent them.
+struct Announcements(Capture);
 
 impl Announcements {
     fn capture() -> Announcements {
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (stopped, into) = (stop.clone(), seen.clone());
-        let (ready, started) = std::sync::mpsc::channel();
-        let thread = thread::spawn(move || {
-            let ifname = std::ffi::CString::new(SEGMENT).unwrap();
-            // SAFETY: plain syscalls on a descriptor this thread owns; the socket address and
-            // the timeout are fully initialised structs of the sizes passed.
-            unsafe {
-                let all = (libc::ETH_P_ALL as u16).to_be();
-                let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(all));
-                assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-                let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-                sll.sll_family = libc::AF_PACKET as u16;
-                sll.sll_protocol = all;
-                sll.sll_ifindex = libc::if_nametoindex(ifname.as_ptr()) as i32;
-                assert!(sll.sll_ifindex > 0, "no interface {SEGMENT}");
-                let bound = libc::bind(
-                    fd,
-                    (&raw const sll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                );
-                assert_eq!(bound, 0, "{}", std::io::Error::last_os_error());
-                let tv = libc::timeval {
-                    tv_sec: 0,
-                    tv_usec: 50_000,
-                };
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&raw const tv).cast(),
-                    std::mem::size_of::<libc::timeval>() as u32,
-                );
-                ready.send(()).unwrap();
-                let mut buf = [0u8; 2048];
-                while !stopped.load(Ordering::SeqCst) {
-                    let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
-                    if n > 0
-                        && let Some(a) = announced(&buf[..n as usize])
-                    {
-                        into.lock().unwrap().push(a);
-                    }
-                }
-                libc::close(fd);
-            }
-        });
-        started.recv().unwrap();
-        Announcements { stop, seen, thread }
+        Announcements(Capture::start(None, SEGMENT))
     }
 
     /// What was announced so far, each as often as it was.
     fn seen(&self) -> Vec<Announced> {
-        self.seen.lock().unwrap().clone()
+        self.0
+            .frames()
+            .iter()
+            .filter_map(|f| announced(f))
+            .collect()
     }
 
     /// Stops and returns what was announced.
     fn finish(self) -> Vec<Announced> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.join().unwrap();
-        self.seen.lock().unwrap().clone()
+        self.0
+            .finish()
+            .iter()
+            .filter_map(|f| announced(f))
+            .collect()
     }
 }
 

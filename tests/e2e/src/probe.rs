@@ -1,13 +1,7 @@
 //! Helpers of the probing tests and benchmark: foreign hosts on a segment, bridges with the
 //! pools' gateways, the agent's metrics and quarantines, and frame captures.
 
-use std::ffi::CString;
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread;
 
 use serde_json::Value;
 
@@ -104,74 +98,16 @@ pub fn quarantined(agent: &Agent) -> Vec<(String, String)> {
     q
 }
 
-/// Frames seen on one interface while a capture runs: a raw `AF_PACKET` socket in the
-/// interface's namespace, on a thread of its own (setns changes only the calling thread).
-pub struct Capture {
-    stop: Arc<AtomicBool>,
-    frames: thread::JoinHandle<Vec<Vec<u8>>>,
-}
+/// Frames seen on one interface of `ns` while a capture runs (see [`allot_lab::capture`]).
+pub struct Capture(allot_lab::capture::Capture);
 
 impl Capture {
     pub fn start(ns: &Netns, ifname: &str) -> Capture {
-        let netns = File::open(ns.path()).unwrap();
-        let ifname = CString::new(ifname).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready, started) = std::sync::mpsc::channel();
-        let stopped = stop.clone();
-        let frames = thread::spawn(move || {
-            // SAFETY: plain syscalls on descriptors this thread owns; the socket address and
-            // the timeout are fully initialised structs of the sizes passed.
-            unsafe {
-                assert_eq!(libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET), 0);
-                let all = (libc::ETH_P_ALL as u16).to_be();
-                let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(all));
-                assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-                let index = libc::if_nametoindex(ifname.as_ptr());
-                assert!(index > 0, "no interface {ifname:?}");
-                let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-                sll.sll_family = libc::AF_PACKET as u16;
-                sll.sll_protocol = all;
-                sll.sll_ifindex = index as i32;
-                let bound = libc::bind(
-                    fd,
-                    (&raw const sll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                );
-                assert_eq!(bound, 0, "{}", std::io::Error::last_os_error());
-                let tv = libc::timeval {
-                    tv_sec: 0,
-                    tv_usec: 20_000,
-                };
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&raw const tv).cast(),
-                    std::mem::size_of::<libc::timeval>() as u32,
-                );
-                ready.send(()).unwrap();
-                let mut frames = Vec::new();
-                let mut buf = [0u8; 2048];
-                loop {
-                    let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
-                    if n > 0 {
-                        frames.push(buf[..n as usize].to_vec());
-                    } else if stopped.load(Ordering::SeqCst) {
-                        // Stopped, and nothing left queued.
-                        break;
-                    }
-                }
-                libc::close(fd);
-                frames
-            }
-        });
-        started.recv().unwrap();
-        Capture { stop, frames }
+        Capture(allot_lab::capture::Capture::start(Some(ns.path()), ifname))
     }
 
     pub fn finish(self) -> Vec<Vec<u8>> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.frames.join().unwrap()
+        self.0.finish()
     }
 }
 

@@ -9,6 +9,7 @@
 //! 127.0.0.1, one per test, with no lock, no namespaces and no root.
 
 pub mod audit;
+pub mod capture;
 pub mod cluster;
 pub mod control;
 pub mod controlplane;
