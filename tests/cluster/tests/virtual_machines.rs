@@ -252,12 +252,13 @@ impl Announcements {
     }
 }
 
-/// The address `f` announces and its sender, if it is a gratuitous ARP or an unsolicited
-/// advertisement.
+/// The address `f` announces and its sender, if it is a gratuitous ARP (a request whose sender
+/// and target address are the same) or an unsolicited advertisement.
 fn announced(f: &[u8]) -> Option<Announced> {
     let from: [u8; 6] = f.get(6..12)?.try_into().ok()?;
     let address = match (f.get(12)?, f.get(13)?) {
-        (0x08, 0x06) if f.len() >= 42 => {
+        // An ARP request (a reply to an announcement names the same address twice as well).
+        (0x08, 0x06) if f.len() >= 42 && f[20..22] == [0, 1] => {
             let sender: [u8; 4] = f[28..32].try_into().ok()?;
             let target: [u8; 4] = f[38..42].try_into().ok()?;
             (sender == target).then(|| IpAddr::from(sender))?
