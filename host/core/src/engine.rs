@@ -519,14 +519,22 @@ impl<S: Store, P: Policy> Engine<S, P> {
             owner_kind: req.pod.owner.as_ref().map(|o| o.kind.clone()),
             owner_name: req.pod.owner.as_ref().map(|o| o.name.clone()),
         };
-        if pod.keeps_addresses() {
-            self.take_over_older_sandboxes(&pod, &req.attachment)?;
-        }
+        // The holder's claims as the take-over left them serve the first try; a retry reads
+        // them again.
+        let mut holders_claims = if pod.keeps_addresses() {
+            Some(self.take_over_older_sandboxes(&pod, &req.attachment)?)
+        } else {
+            None
+        };
         let mut lost = 0;
         loop {
             let now = self.now();
             let reattach = if pod.keeps_addresses() {
-                self.kept_for(&pod, req, inventory, &wanted, now)?
+                let claims = match holders_claims.take() {
+                    Some(claims) => claims,
+                    None => self.claims_of_holder(&pod)?,
+                };
+                self.kept_for(&pod, req, inventory, &wanted, now, claims)?
             } else {
                 Vec::new()
             };
@@ -602,29 +610,37 @@ impl<S: Store, P: Policy> Engine<S, P> {
     /// source while the guest still runs there: the address is the VM's, one claim, never free,
     /// and the source's DEL at completion finds nothing of it to release. Either way the
     /// addresses are kept for the holder; the older sandbox's late DEL finds nothing.
+    /// Returns the holder's claims as it left them.
     fn take_over_older_sandboxes(
         &self,
         pod: &PodRef,
         attachment: &Attachment,
-    ) -> Result<(), AllocError> {
-        let held = match pod.virtual_machine() {
-            Some(vm) => self.store.claims_of_virtual_machine(&pod.namespace, vm)?,
-            None => self.store.claims_of_pod(&pod.namespace, &pod.name)?,
-        };
+    ) -> Result<Vec<Claim>, AllocError> {
+        let mut held = self.claims_of_holder(pod)?;
         let older: BTreeSet<Attachment> = held
-            .into_iter()
+            .iter()
             .filter(|c| c.pod.same_holder(pod))
-            .filter_map(|c| c.attachment)
+            .filter_map(|c| c.attachment.clone())
             .filter(|a| a.interface == attachment.interface && a != attachment)
             .collect();
+        held.retain(|c| c.attachment.as_ref().is_none_or(|a| !older.contains(a)));
         for old in &older {
-            self.store.detach(old, self.now())?;
+            held.extend(self.store.detach(old, self.now())?);
         }
-        Ok(())
+        Ok(held)
+    }
+
+    /// Every claim of the holder `pod` is one of (a store lookup): its virtual machine's, or
+    /// the pod's by namespace and name.
+    fn claims_of_holder(&self, pod: &PodRef) -> Result<Vec<Claim>, StoreError> {
+        match pod.virtual_machine() {
+            Some(vm) => self.store.claims_of_virtual_machine(&pod.namespace, vm),
+            None => self.store.claims_of_pod(&pod.namespace, &pod.name),
+        }
     }
 
     /// The kept addresses a StatefulSet pod (or a virtual machine's launcher pod) takes back,
-    /// per family, when their pool is still among the candidates the policy ordered (or dropped
+    /// of the holder's claims `kept`, per family, when their pool is still among the candidates the policy ordered (or dropped
     /// only for being full: the kept address is part of why it is full).
     fn kept_for(
         &self,
@@ -633,12 +649,10 @@ impl<S: Store, P: Policy> Engine<S, P> {
         inventory: &Inventory,
         wanted: &[&FamilyDecision],
         now: u64,
+        mut kept: Vec<Claim>,
     ) -> Result<Vec<Reattach>, AllocError> {
-        let mut kept = match pod.virtual_machine() {
-            Some(vm) => self.store.claims_of_virtual_machine(&pod.namespace, vm)?,
-            None => self.store.detached_of(&pod.namespace, &pod.name)?,
-        };
-        // A VM's addresses on its other networks are for its other NICs.
+        // Of the holder's claims (`kept`), the detached ones; a VM's addresses on its other
+        // networks are for its other NICs.
         kept.retain(|c| {
             c.attachment.is_none()
                 && c.pod.same_holder(pod)
