@@ -48,6 +48,11 @@ impl PodRef {
         }
     }
 
+    /// Whether this is a launcher pod of the virtual machine `namespace/name`.
+    pub fn of_virtual_machine(&self, namespace: &str, name: &str) -> bool {
+        self.namespace == namespace && self.virtual_machine() == Some(name)
+    }
+
     /// Whether a DEL keeps this pod's addresses (detached) for the next pod that is the same
     /// holder: a StatefulSet's pod of the same name, a virtual machine's next launcher pod.
     pub fn keeps_addresses(&self) -> bool {
@@ -281,7 +286,7 @@ pub trait Store: Send + Sync {
         name: &str,
     ) -> Result<Vec<Claim>, StoreError> {
         let mut claims = self.all()?;
-        claims.retain(|c| c.pod.namespace == namespace && c.pod.virtual_machine() == Some(name));
+        claims.retain(|c| c.pod.of_virtual_machine(namespace, name));
         Ok(claims)
     }
 

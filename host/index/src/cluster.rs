@@ -255,10 +255,6 @@ impl ClusterIndex {
         self.kubevirt = kubevirt;
     }
 
-    pub fn kubevirt(&self) -> KubeVirt {
-        self.kubevirt
-    }
-
     /// The pod UID an allot Endpoint was written for.
     pub fn endpoint_uid(&self, namespace: &str, name: &str) -> Option<&str> {
         self.endpoints

@@ -7,7 +7,7 @@ use allot_core::store::VIRTUAL_MACHINE_KIND;
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::core::PartialObjectMeta;
 
 use crate::feed::IndexResource;
@@ -25,26 +25,26 @@ fn map(m: &Option<BTreeMap<String, String>>) -> BTreeMap<String, String> {
 }
 
 /// The owner reference marked as controller.
-pub(crate) fn controller(meta: &ObjectMeta) -> Option<Owner> {
+fn controller_ref(meta: &ObjectMeta) -> Option<&OwnerReference> {
     meta.owner_references
         .as_ref()?
         .iter()
         .find(|r| r.controller == Some(true))
-        .map(|r| Owner {
-            kind: r.kind.clone(),
-            name: r.name.clone(),
-        })
+}
+
+/// The owner reference marked as controller.
+pub(crate) fn controller(meta: &ObjectMeta) -> Option<Owner> {
+    controller_ref(meta).map(|r| Owner {
+        kind: r.kind.clone(),
+        name: r.name.clone(),
+    })
 }
 
 /// A pod's controller as allot keys its addresses: a KubeVirt launcher pod's
 /// VirtualMachineInstance stands for its virtual machine (KubeVirt names the instance after its
 /// VirtualMachine), whose address every launcher pod of it shares.
 pub(crate) fn pod_controller(meta: &ObjectMeta) -> Option<Owner> {
-    let r = meta
-        .owner_references
-        .as_ref()?
-        .iter()
-        .find(|r| r.controller == Some(true))?;
+    let r = controller_ref(meta)?;
     let kubevirt = r.api_version.split('/').next() == Some("kubevirt.io");
     Some(Owner {
         kind: if kubevirt && r.kind == "VirtualMachineInstance" {

@@ -61,11 +61,19 @@ pub trait AsyncStore: Send + Sync + 'static {
         namespace: String,
         name: String,
     ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send;
+    /// See [`Store::claims_of_virtual_machine`]; without an index by owner, every claim is
+    /// read.
     fn claims_of_virtual_machine(
         &self,
         namespace: String,
         name: String,
-    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send {
+        async move {
+            let mut claims = self.all().await?;
+            claims.retain(|c| c.pod.of_virtual_machine(&namespace, &name));
+            Ok(claims)
+        }
+    }
     fn detached(&self) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send;
     fn all(&self) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send;
     fn snapshot(

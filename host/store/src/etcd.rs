@@ -325,20 +325,6 @@ impl AsyncStore for Backend {
         Ok(claims)
     }
 
-    async fn claims_of_virtual_machine(
-        &self,
-        namespace: String,
-        name: String,
-    ) -> Result<Vec<Claim>, StoreError> {
-        // No index by owner in etcd: every claim is read (a range read in pages), once per
-        // virtual machine launcher pod's ADD.
-        let mut claims = self.all_claims(None).await?.1;
-        claims.retain(|c| {
-            c.pod.namespace == namespace && c.pod.virtual_machine() == Some(name.as_str())
-        });
-        Ok(claims)
-    }
-
     async fn detached(&self) -> Result<Vec<Claim>, StoreError> {
         let mut claims = self.claims_at_index(&self.keys.detached()).await?;
         claims.retain(|c| c.attachment.is_none());

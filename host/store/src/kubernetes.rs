@@ -317,9 +317,9 @@ impl AsyncStore for Backend {
         name: String,
     ) -> Result<Vec<Claim>, StoreError> {
         // The mirror has every claim in memory: a filter, not a read of the API server.
-        Ok(self.mirror.all(|c| {
-            c.pod.namespace == namespace && c.pod.virtual_machine() == Some(name.as_str())
-        }))
+        Ok(self
+            .mirror
+            .all(|c| c.pod.of_virtual_machine(&namespace, &name)))
     }
 
     async fn detached(&self) -> Result<Vec<Claim>, StoreError> {

@@ -268,8 +268,10 @@ pub fn decide(
     };
 
     let Some(pod) = pod else {
+        if let Some(keep) = kept_by_owner {
+            return Verdict::Keep(keep);
+        }
         return match owner_state {
-            _ if kept_by_owner.is_some() => Verdict::Keep(kept_by_owner.expect("checked")),
             OwnerState::StatefulSetGone => after_first_sighting(LeakReason::StatefulSetGone),
             OwnerState::Replicas(_) => after_first_sighting(LeakReason::StatefulSetScaledDown),
             OwnerState::VirtualMachineGone => after_first_sighting(LeakReason::VirtualMachineGone),
