@@ -25,6 +25,7 @@ mod given;
 mod inventory;
 mod pick;
 mod release;
+mod returning;
 mod state;
 
 use std::collections::BTreeSet;
@@ -282,6 +283,8 @@ pub struct Engine<S, P> {
     lost_races: std::sync::atomic::AtomicU64,
     /// Per pool name: cooling addresses handed out because nothing else was free, since start.
     cut_short: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// What pods' NICs released lately, for their next sandboxes.
+    returning: Mutex<returning::Returning>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -306,6 +309,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
             attachment_locks: (0..ATTACHMENT_STRIPES).map(|_| Mutex::new(())).collect(),
             lost_races: Default::default(),
             cut_short: Default::default(),
+            returning: Default::default(),
         }
     }
 
@@ -543,7 +547,13 @@ impl<S: Store, P: Policy> Engine<S, P> {
                 .copied()
                 .filter(|f| !reattach.iter().any(|r| IpFamily::of(r.address) == f.family))
                 .collect();
-            let picks = self.pick(inventory, request, &nic.interface, &fresh_families)?;
+            let picks = self.pick(
+                inventory,
+                request,
+                &req.network,
+                &nic.interface,
+                &fresh_families,
+            )?;
             let claims: Vec<Claim> = picks
                 .iter()
                 .map(|(address, pool)| Claim {

@@ -321,6 +321,52 @@ fn cooling_addresses_are_handed_out_last_never_refused() {
     );
 }
 
+/// A sandbox torn down after a failed setup and retried by the runtime (a new container of the
+/// same pod) gets the address its NIC released, cooling or not, each time; another pod still
+/// gets the cooling address last; another network or interface of the pod is not given it.
+#[test]
+fn a_retried_sandbox_gets_back_the_address_its_pod_released() {
+    let config = EngineConfig {
+        cooldown: 30,
+        ..quick()
+    };
+    let (e, now) = clocked(config, 1000);
+    e.load(
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.13"], None)],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    let retry = |container: &str| {
+        let mut req = add_req(container, "eth0", &["a"], &[]);
+        req.pod.name = "pod-two-nics".into();
+        req.pod.uid = "uid-two-nics".into();
+        req
+    };
+    let first = addresses(&e.add(&retry("try-1")).unwrap());
+    for t in 2..=20u64 {
+        e.del(&att(&format!("try-{}", t - 1), "eth0")).unwrap();
+        now.store(1000 + t, Ordering::SeqCst);
+        let got = addresses(&e.add(&retry(&format!("try-{t}"))).unwrap());
+        assert_eq!(got, first, "try {t}");
+    }
+    assert_eq!(
+        e.usage()[0].cooldown_cut_short,
+        0,
+        "no cooldown was cut short"
+    );
+    e.del(&att("try-20", "eth0")).unwrap();
+    let other = addresses(&e.add(&add_req("other", "eth0", &["a"], &[])).unwrap());
+    assert_ne!(
+        other, first,
+        "another pod gets an address that is not cooling down first"
+    );
+    // The same pod on another interface or network is another NIC: no preference.
+    let mut net1 = retry("try-21");
+    net1.attachment.interface = "net1".into();
+    assert_ne!(addresses(&e.add(&net1).unwrap()), first);
+}
+
 /// A pool of one address serves the DEL-then-ADD of a rolling update at once, not after the
 /// cooldown.
 #[test]

@@ -34,17 +34,28 @@ impl<S: Store, P: Policy> Engine<S, P> {
     /// [`PoolUsage::cooldown_cut_short`]). A cooldown prefers, it never refuses. A family whose
     /// decision names an address gets that address or fails ([`given`]): an error the policy
     /// could have returned, so the plugin reports it as one (invalid pod, or try again later
-    /// while someone else holds the address).
+    /// while someone else holds the address). Before any of that, the address this pod's NIC
+    /// released last on `network`, if it is free (cooling or not) in a pool of the order: a
+    /// retried sandbox keeps its address ([`super::returning`]).
     pub(super) fn pick(
         &self,
         inventory: &Inventory,
         request: &Request,
+        network: &str,
         interface: &str,
         families: &[&FamilyDecision],
     ) -> Result<Vec<(IpAddr, String)>, AllocError> {
+        let now = self.now();
+        let returned: Vec<Option<IpAddr>> = {
+            let returning = lock(&self.returning);
+            families
+                .iter()
+                .map(|f| returning.last(&request.pod.uid, network, interface, f.family, now))
+                .collect()
+        };
         let mut state = self.state();
         let mut picks: Vec<(IpAddr, String)> = Vec::with_capacity(families.len());
-        for fam in families {
+        for (fam, returned) in families.iter().zip(returned) {
             if let Some(hint) = &fam.address {
                 let address = hint.ip().expect("Decision::validate parsed the address");
                 match state.take_given(inventory, request, interface, fam, address) {
@@ -83,6 +94,15 @@ impl<S: Store, P: Policy> Engine<S, P> {
                     (takes && pool.family == fam.family).then_some((entry, name))
                 })
                 .collect();
+            if let Some(address) = returned
+                && let Some(&(entry, name)) = serving
+                    .iter()
+                    .find(|&&(entry, _)| state.locate(address) == Some(entry))
+                && (state.take_cooling_exact(entry, address) || state.take_exact(address))
+            {
+                picks.push((address, name.clone()));
+                continue;
+            }
             let mut got = serving
                 .iter()
                 .find_map(|&(entry, name)| Some((state.take(entry)?, name.clone())));

@@ -73,6 +73,8 @@ impl<S: Store, P: Policy> Engine<S, P> {
         for c in released {
             state.mark_released(c.address, now, now);
         }
+        drop(state);
+        lock(&self.returning).remember(released, now);
     }
 
     /// What `attachment` holds, or [`AllocError::UnknownAttachment`].
