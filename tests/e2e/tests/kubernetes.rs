@@ -411,3 +411,85 @@ fn sha256_of(path: &std::path::Path) -> String {
         text.split_whitespace().next().expect("a digest")
     )
 }
+
+/// A pod with two NICs whose second NIC's pool has no address left, retried 50 times by the
+/// runtime as containerd retries a sandbox (each try a new sandbox: eth0's ADD succeeds, net1's
+/// fails, Multus and the runtime DEL both): at every try the pod holds exactly one address, on
+/// eth0, the same one each time, and nothing once torn down; the pool never drains. Spiderpool
+/// #4295 and #2901 (each retry took another address for the first NIC until its pool ran dry).
+/// No Multus runs here (its module is not served by the Go module proxy): the test calls the
+/// delegates as Multus does, Debian's bridge plugin with allot as IPAM, CNI_IFNAME net1.
+#[test]
+fn a_second_nic_without_addresses_retried_50_times_holds_one_first_nic_address() {
+    let test = "a_second_nic_without_addresses_retried_50_times_holds_one_first_nic_address";
+    let mut pools = two_pools();
+    pools.push(allot_e2e::kube::pool(
+        "tiny",
+        "10.97.2.0/24",
+        "10.97.2.1",
+        "10.97.2.10-10.97.2.10",
+        false,
+    ));
+    let Some(cluster) = Cluster::new(test, &pools) else {
+        return;
+    };
+    let Some(lab) = lab(test, &cluster, &[]) else {
+        return;
+    };
+    let first = lab.bridge_conf(&["plain"], &[]);
+    let mut second = lab.bridge_conf(&["tiny"], &[]);
+    second["name"] = json!("second");
+    // Its subnet on the same bridge: the bridge keeps the first network's gateway address.
+    second["isGateway"] = json!(false);
+    // Another pod holds the second network's only address.
+    let mut holder = Attachment::new("holder");
+    cluster.add_pod(&mut holder, json!({}), None);
+    lab.bridge_add(&holder.with_ifname("net1"), &second);
+
+    let mut pod = Attachment::new("two-nics");
+    cluster.add_pod(&mut pod, json!({}), None);
+    let held_by_pod = || -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for block in cluster.blocks() {
+            for (address, claim) in block["spec"]["claims"].as_object().into_iter().flatten() {
+                if claim["uid"] == pod.uid.as_str() {
+                    out.push((
+                        address.clone(),
+                        claim["interface"].as_str().unwrap_or("").into(),
+                    ));
+                }
+            }
+        }
+        out
+    };
+    let mut addresses = std::collections::BTreeSet::new();
+    for attempt in 1..=50 {
+        // A new sandbox of the same pod.
+        let mut sandbox = Attachment::new("two-nics");
+        sandbox.uid = pod.uid.clone();
+        let eth0 = lab.bridge_add(&sandbox, &first).ip();
+        let net1 = sandbox.with_ifname("net1");
+        let failed = lab.cni("bridge", "ADD", &net1, &second);
+        assert!(
+            !failed.success(),
+            "try {attempt}: net1 got an address:\n{failed}"
+        );
+        assert_eq!(
+            held_by_pod(),
+            vec![(addr_of(&eth0).to_string(), "eth0".to_string())],
+            "try {attempt}: the pod holds its eth0 address and nothing else"
+        );
+        addresses.insert(eth0);
+        lab.cni("bridge", "DEL", &net1, &second).expect_ok();
+        lab.cni("bridge", "DEL", &sandbox, &first).expect_ok();
+        assert_eq!(
+            held_by_pod(),
+            vec![],
+            "try {attempt}: torn down, the pod holds nothing"
+        );
+    }
+    assert_eq!(addresses.len(), 1, "eth0 got {addresses:?} over 50 tries");
+    lab.eventually("plain counts nothing held", Duration::from_secs(10), || {
+        lab.agent.pool_counts("plain").1 == 10
+    });
+}
