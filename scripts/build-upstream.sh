@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds the upstream binaries the real-cluster tests run, from the Go module proxy at the
 # versions pinned in tools/*/go.mod (and go.sum): etcd, kube-apiserver, kube-controller-manager
-# and kube-scheduler. Each build is cached outside the clone, keyed by what it was built from
+# and kube-scheduler; with --peers also the peer IPAMs the benchmark compares allot with
+# (Whereabouts' CNI plugin and ip-control-loop, Calico's CNI plugin and calico-ipam), which the
+# tests do not need. Each build is cached outside the clone, keyed by what it was built from
 # (the module files and the Go version), so a second run, or another clone, takes a second.
 #
 #   scripts/build-upstream.sh            build what is missing; link target/tools/<binary>
-#   scripts/build-upstream.sh --print    the cache directory of each component, one per line
+#   scripts/build-upstream.sh --peers    the same, and the peer IPAMs too
+#   scripts/build-upstream.sh --print    the cache directory of each component (peers included)
 #
 # The cache is $ALLOT_TOOLS_CACHE, else $XDG_CACHE_HOME/allot/tools, else ~/.cache/allot/tools;
 # Go's own module and build caches (GOMODCACHE, GOCACHE) stay where Go keeps them, outside the
@@ -20,6 +23,13 @@ TOOLS="$ROOT/target/tools"
 COMPONENTS=(
     "etcd tools/etcd v3.6.16 go.etcd.io/etcd/server/v3"
     "kubernetes tools/controlplane v1.35.4 k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler"
+)
+# The peer IPAMs, built only with --peers (the benchmark needs them, the tests do not). Whereabouts
+# v0.9.2 has no ip-reconciler binary any more: ip-control-loop runs the reconciler on a cron
+# schedule. Calico's one binary is calico-ipam when called by that name (see extra_names_of).
+PEERS=(
+    "whereabouts tools/whereabouts v0.9.2 github.com/k8snetworkplumbingwg/whereabouts/cmd github.com/k8snetworkplumbingwg/whereabouts/cmd/controlloop github.com/k8snetworkplumbingwg/whereabouts/cmd/nodeslicecontroller"
+    "calico tools/calico v3.31.0 github.com/projectcalico/calico/cni-plugin/cmd/calico"
 )
 
 key_of() {
@@ -40,6 +50,11 @@ ldflags_of() {
                 "-X k8s.io/client-go/pkg/version.gitVersion=$version"
             ;;
         etcd) echo "-s -w" ;;
+        whereabouts)
+            local pkg=github.com/k8snetworkplumbingwg/whereabouts/pkg/version
+            echo "-s -w -X $pkg.Version=$version -X $pkg.ReleaseStatus=released"
+            ;;
+        calico) echo "-s -w -X github.com/projectcalico/calico/pkg/buildinfo.Version=$version" ;;
     esac
 }
 
@@ -47,7 +62,18 @@ binary_of() {
     local package="$1"
     case "$package" in
         go.etcd.io/etcd/server/v3) echo etcd ;;
+        github.com/k8snetworkplumbingwg/whereabouts/cmd) echo whereabouts ;;
+        github.com/k8snetworkplumbingwg/whereabouts/cmd/controlloop) echo ip-control-loop ;;
+        github.com/k8snetworkplumbingwg/whereabouts/cmd/nodeslicecontroller) echo node-slice-controller ;;
         *) basename "$package" ;;
+    esac
+}
+
+# Further names of a built binary (hard links beside it), for binaries that act by the name they
+# are called by: "name=binary" pairs. Calico's plugin is its IPAM plugin when called calico-ipam.
+extra_names_of() {
+    case "$1" in
+        calico) echo "calico-ipam=calico" ;;
     esac
 }
 
@@ -61,10 +87,19 @@ go_binary_name() {
 }
 
 print_only=false
-[ "${1:-}" = "--print" ] && print_only=true
+peers=false
+for arg in "$@"; do
+    case "$arg" in
+        --print) print_only=true ;;
+        --peers) peers=true ;;
+        *) echo "usage: $0 [--peers] [--print]" >&2; exit 2 ;;
+    esac
+done
+wanted=("${COMPONENTS[@]}")
+if $peers || $print_only; then wanted+=("${PEERS[@]}"); fi
 
 mkdir -p "$TOOLS"
-for line in "${COMPONENTS[@]}"; do
+for line in "${wanted[@]}"; do
     read -r name dir version packages <<<"$line"
     # shellcheck disable=SC2206
     packages=($packages)
@@ -87,11 +122,17 @@ for line in "${COMPONENTS[@]}"; do
             want="$out.partial/$(binary_of "$package")"
             [ "$built" = "$want" ] || mv "$built" "$want"
         done
+        for pair in $(extra_names_of "$name"); do
+            ln "$out.partial/${pair#*=}" "$out.partial/${pair%%=*}"
+        done
         touch "$out.partial/.complete"
         rm -rf "$out"
         mv "$out.partial" "$out"
     fi
     for package in "${packages[@]}"; do
         ln -sfn "$out/$(binary_of "$package")" "$TOOLS/$(binary_of "$package")"
+    done
+    for pair in $(extra_names_of "$name"); do
+        ln -sfn "$out/${pair%%=*}" "$TOOLS/${pair%%=*}"
     done
 done

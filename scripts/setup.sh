@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
 # Installs what building and testing allot needs on a fresh machine; quick when all is there.
+#
+#   scripts/setup.sh            what the build and the tests need
+#   scripts/setup.sh --peers    that, and the peer IPAMs the benchmark compares allot with,
+#                               built from source (build-upstream.sh --peers; minutes at first)
 set -euo pipefail
+
+build_args=()
+for arg in "$@"; do
+    case "$arg" in
+        --peers) build_args+=(--peers) ;;
+        *) echo "usage: $0 [--peers]" >&2; exit 2 ;;
+    esac
+done
 
 if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
     echo "setup: installing the wasm32-wasip2 Rust target (policies are WebAssembly components)"
@@ -72,13 +84,15 @@ fi
 
 # The real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler) the real-cluster tests run, built from the Go module proxy at the versions
-# pinned in tools/*/go.mod, cached outside the clone: target/tools links to the cache.
+# pinned in tools/*/go.mod, cached outside the clone: target/tools links to the cache. With
+# --peers, the peer IPAMs too (Whereabouts, Calico's calico-ipam), for the benchmark.
 if ! command -v go >/dev/null 2>&1; then
     echo "setup: Go is needed to build the pinned upstream control plane (tools/): install Go 1.26 or later" >&2
     exit 1
 fi
-"$(dirname "$0")/build-upstream.sh"
+"$(dirname "$0")/build-upstream.sh" ${build_args[@]+"${build_args[@]}"}
 
 # The CRDs of Spiderpool and Whereabouts (and Multus's NetworkAttachmentDefinition) at pinned
-# releases, for the migration tests on the real control plane; cached outside the clone.
+# releases, for the migration tests on the real control plane, and Calico's IPAM CRDs for the
+# benchmark; cached outside the clone.
 "$(dirname "$0")/fetch-peer-crds.sh"
