@@ -377,6 +377,12 @@ impl Suite {
     /// SIGKILLs the process of `container` of `pod` on its node, as a crash or the OOM killer
     /// would: the pod stays, and its kubelet (the lab's stand-in) starts the container again.
     pub fn kill_container(&self, pod: &Pod, container: &str) {
+        self.signal_container(pod, container, libc::SIGKILL);
+    }
+
+    /// Sends `signal` to the process group of `container` of `pod` on its node (SIGSTOP
+    /// freezes it as a stalled process is: its connections stay open, it reads nothing).
+    pub fn signal_container(&self, pod: &Pod, container: &str, signal: libc::c_int) {
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
         let root = self.lab.node(&node).unwrap().root;
         let uid = pod.metadata.uid.clone().unwrap();
@@ -390,7 +396,7 @@ impl Suite {
             .find(|p| p.container == container)
             .expect("the container's process");
         // SAFETY: kill(2) of the container's process group, which the stand-in made for it.
-        let killed = unsafe { libc::kill(-(process.pid as libc::pid_t), libc::SIGKILL) };
-        assert_eq!(killed, 0, "kill: {}", std::io::Error::last_os_error());
+        let sent = unsafe { libc::kill(-(process.pid as libc::pid_t), signal) };
+        assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
     }
 }
