@@ -97,6 +97,9 @@ def check_values():
     def without(*sets):
         return render("--set", ",".join(sets))
 
+    def rolling(docs):
+        return find(docs, "Deployment", "allot-controller")["spec"]["strategy"]["rollingUpdate"]
+
     checks = {
         "image.repository": lambda: all(c["image"] == image for _, c in containers(F)),
         "image.digest": lambda: all(c["image"] == image for _, c in containers(F)),
@@ -237,7 +240,12 @@ def check_values():
                      "allot-controller").get("hostNetwork") is True
         and "hostNetwork" not in pod_spec(
             without("network.conflist.enabled=true", "controller.hostNetwork=false"),
-            "Deployment", "allot-controller"),
+            "Deployment", "allot-controller")
+        # On the host network a surge replica needs a node of its own: one at a time instead.
+        and rolling(F) == {"maxUnavailable": 1, "maxSurge": 0}
+        and rolling(D) == {"maxUnavailable": 0, "maxSurge": 1}
+        and rolling(without("network.conflist.enabled=true", "controller.replicas=1"))
+        == {"maxUnavailable": 0, "maxSurge": 1},
         "controller.resources": lambda: ctrl["resources"] == full["controller"]["resources"],
         # The default classes are system-*-critical: a quota admits them outside kube-system;
         # the full values' classes are not, so no quota.
