@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
@@ -29,6 +29,18 @@ const PLUGIN_TIMEOUT: Duration = Duration::from_secs(120);
 const CNI_PATH: &str = "/opt/cni/bin";
 /// The interface every pod gets.
 pub const IFNAME: &str = "eth0";
+
+/// Where, under the node's root, each ADD's duration is noted (one JSON line per ADD, see
+/// [`Cni::note_add`]).
+pub const ADD_LOG: &str = "var/log/cni-add.jsonl";
+
+/// When an ADD asked for a slot and began, for [`Cni::note_add`].
+struct AddTiming<'a> {
+    pod: &'a PodRef,
+    container_id: &'a str,
+    waited: Duration,
+    started: Instant,
+}
 
 /// Why a pod's network cannot be set up.
 #[derive(Debug, thiserror::Error)]
@@ -179,11 +191,18 @@ impl Cni {
         pod: &PodRef,
     ) -> Result<Attachment, CniError> {
         let network = self.network()?;
+        let asked = Instant::now();
         let _slot = self
             .slots
             .acquire()
             .await
             .expect("the semaphore is never closed");
+        let timing = AddTiming {
+            pod,
+            container_id,
+            waited: asked.elapsed(),
+            started: Instant::now(),
+        };
         let plugins = network["plugins"].as_array().cloned().unwrap_or_default();
         let mut prev: Option<Value> = None;
         for plugin in &plugins {
@@ -208,6 +227,7 @@ impl Cni {
                         network: network.clone(),
                         result: prev.unwrap_or(Value::Null),
                     };
+                    self.note_add(&timing, Some(&format!("{e:#}")));
                     if let Err(del) = self.del_locked(&attachment).await {
                         tracing::warn!("{}: DEL after a failed ADD: {del:#}", pod.name);
                     }
@@ -217,6 +237,7 @@ impl Cni {
                 }
             }
         }
+        self.note_add(&timing, None);
         let attachment = Attachment {
             container_id: container_id.into(),
             netns: netns.into(),
@@ -235,6 +256,34 @@ impl Cni {
             tracing::warn!("caching {}: {e}", path.display());
         }
         Ok(attachment)
+    }
+
+    /// Appends one JSON line to the node's [`ADD_LOG`]: the pod, how long the ADD waited for
+    /// a slot and how long the plugin chain took (what containerd's CNI call measures), and
+    /// the error of one that failed. For benchmarks (`cargo bench -p allot-e2e --bench
+    /// cluster_scale`).
+    fn note_add(&self, timing: &AddTiming<'_>, error: Option<&str>) {
+        use std::io::Write;
+        let line = json!({
+            "at": jiff::Timestamp::now().to_string(),
+            "namespace": timing.pod.namespace,
+            "pod": timing.pod.name,
+            "uid": timing.pod.uid,
+            "container": timing.container_id,
+            "wait_ms": timing.waited.as_secs_f64() * 1e3,
+            "add_ms": timing.started.elapsed().as_secs_f64() * 1e3,
+            "ok": error.is_none(),
+            "error": error,
+        });
+        let path = self.fs.root.join(ADD_LOG);
+        let written = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+        if let Err(e) = written {
+            tracing::warn!("writing {}: {e}", path.display());
+        }
     }
 
     /// DEL of an attachment (its cached configuration, its result as `prevResult`); removes
