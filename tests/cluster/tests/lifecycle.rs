@@ -81,6 +81,112 @@ async fn uninstall_as_the_readme_says(s: &Suite, ns: &str, uninstall: &[&str]) {
     s.must("helm", uninstall);
 }
 
+/// Whether the IPBlock CRD is this allot's: its claims record their node (the older one's
+/// blocks named a node and a pool themselves).
+fn claims_record_their_node(crd: &CustomResourceDefinition) -> bool {
+    let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["claims"]["additionalProperties"]
+        ["properties"]
+        .get("node")
+        .is_some()
+}
+
+/// `kubectl create --dry-run=server` of an IPPool (the validating and mutating webhooks run,
+/// nothing is stored) every 250 ms, from a thread, until stopped.
+struct WebhookProber {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(std::time::Instant, Result<(), String>)>>,
+}
+
+impl WebhookProber {
+    fn start(s: &Suite) -> WebhookProber {
+        let pool = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            pool.path(),
+            allot_cluster_tests::objects::pool_yaml(
+                "webhook-probe",
+                "2001:db8:1ab::/64",
+                "2001:db8:1ab::1",
+                "2001:db8:1ab::b:0-2001:db8:1ab::b:f",
+            ),
+        )
+        .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (kubectl, kubeconfig) = (
+            allot_cluster_tests::tools().join("kubectl"),
+            s.lab.kubeconfig(),
+        );
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = std::process::Command::new(&kubectl)
+                    .args(["create", "--dry-run=server", "-f"])
+                    .arg(pool.path())
+                    .env("KUBECONFIG", &kubeconfig)
+                    .output()
+                    .unwrap();
+                let result = match out.status.success() {
+                    true => Ok(()),
+                    false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+                };
+                seen.push((std::time::Instant::now(), result));
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            seen
+        });
+        WebhookProber { stop, thread }
+    }
+
+    /// Stops probing; the longest time from a failed write to the next that succeeded.
+    fn stop(self) -> Duration {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let seen = self.thread.join().unwrap();
+        let mut longest = Duration::ZERO;
+        let mut failing_since = None;
+        for (at, result) in &seen {
+            match (result, failing_since) {
+                (Err(e), None) => {
+                    println!("webhook probe failed: {}", e.trim());
+                    failing_since = Some(*at);
+                }
+                (Ok(()), Some(since)) => {
+                    longest = longest.max(at.duration_since(since));
+                    failing_since = None;
+                }
+                _ => {}
+            }
+        }
+        if failing_since.is_some() {
+            // Still failing when the probing stopped: it never came back.
+            longest = Duration::from_secs(3600);
+        }
+        longest
+    }
+}
+
+/// The CNI ADDs of pods of `ns` the nodes' runtimes made: how long each took (ms), and whether
+/// it succeeded (the stand-in's log, one JSON line per ADD).
+fn add_times(s: &Suite, ns: &str) -> Vec<(f64, bool)> {
+    let mut out = Vec::new();
+    for node in s.lab.nodes() {
+        let log = std::fs::read_to_string(node.root.join(allot_lab::node::cni::ADD_LOG))
+            .unwrap_or_default();
+        for line in log.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if v["namespace"] == ns {
+                if v["ok"] != true {
+                    println!("ADD of {} failed: {}", v["pod"], v["error"]);
+                }
+                out.push((v["add_ms"].as_f64().unwrap_or(f64::MAX), v["ok"] == true));
+            }
+        }
+    }
+    out
+}
+
 /// A pod with an address, in namespace `ns`.
 async fn a_pod(s: &Suite, ns: &str) {
     s.namespace(ns).await;
@@ -135,13 +241,101 @@ async fn an_upgrade_over_older_crds_then_the_readme_uninstall_leaves_nothing_stu
     s.must("helm", &old);
     s.wait_ready().await;
 
-    s.must("helm", &install_args("upgrade"));
-    s.wait_ready().await;
+    // The upgrade rolls the controller's pods (a new version's image would; here an annotation)
+    // while pods start and pools are written through the webhook.
+    let during = s.namespace("during").await;
+    let prober = WebhookProber::start(&s);
+    let mut upgrade: Vec<String> = install_args("upgrade")
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    upgrade.extend([
+        "--set".into(),
+        "controller.podAnnotations.upgraded=yes".into(),
+    ]);
+    let (helm, kubeconfig) = (
+        allot_cluster_tests::tools().join("helm"),
+        s.lab.kubeconfig(),
+    );
+    let upgrading = std::thread::spawn(move || {
+        std::process::Command::new(helm)
+            .args(&upgrade)
+            .env("KUBECONFIG", kubeconfig)
+            .current_dir(allot_cluster_tests::root())
+            .output()
+            .unwrap()
+    });
+    // Pods start once the pre-upgrade hook has brought the CRDs up to date (until then the
+    // agents of this checkout, installed over older CRDs, cannot write IPBlocks: this test's
+    // own skew, not an upgrade's), while Helm rolls the controller's pods.
     let crds: Api<CustomResourceDefinition> = Api::all(s.client.clone());
-    let ipblocks = crds.get("ipblocks.allot.dev").await.unwrap();
-    let schema = serde_json::to_string(&ipblocks.spec.versions[0].schema).unwrap();
+    wait_for(
+        "the hook upgraded the IPBlock CRD",
+        Duration::from_secs(180),
+        || async {
+            let crd = crds
+                .get("ipblocks.allot.dev")
+                .await
+                .map_err(|e| e.to_string())?;
+            claims_record_their_node(&crd)
+                .then_some(())
+                .ok_or("not yet".to_string())
+        },
+    )
+    .await;
+    s.must(
+        "kubectl",
+        &[
+            "-n",
+            &during,
+            "create",
+            "deployment",
+            "during",
+            "--image=busybox",
+            "--replicas=6",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    );
+    let out = upgrading.join().unwrap();
     assert!(
-        schema.contains("\"node\""),
+        out.status.success(),
+        "helm upgrade: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s.wait_ready().await;
+    s.ready_pods(&during, "app=during", 6).await;
+    // Spiderpool #4243, #3917: after an upgrade the webhook served a certificate its
+    // configuration did not trust, and pool writes (and pods waiting on them) failed until
+    // someone restarted things. Here a pool write through the webhook works again within 10 s
+    // of any failure, and no pod's ADD waits on the webhook at all.
+    let longest = prober.stop();
+    println!("webhook unavailable at most {longest:.1?} during the upgrade");
+    assert!(
+        longest <= Duration::from_secs(10),
+        "the webhook failed pool writes for {longest:?}"
+    );
+    let adds = add_times(&s, &during);
+    assert!(
+        adds.len() >= 6,
+        "the ADDs of the pods started during the upgrade: {adds:?}"
+    );
+    assert!(
+        adds.iter().all(|(_, ok)| *ok),
+        "an ADD failed during the upgrade: {adds:?}"
+    );
+    let slowest = adds.iter().map(|(ms, _)| *ms).fold(0.0, f64::max);
+    println!("slowest ADD during the upgrade: {slowest:.0} ms");
+    assert!(
+        slowest < 5000.0,
+        "an ADD waited {slowest:.0} ms during the upgrade"
+    );
+    s.must("kubectl", &["delete", "namespace", &during, "--wait=true"]);
+
+    let ipblocks = crds.get("ipblocks.allot.dev").await.unwrap();
+    assert!(
+        claims_record_their_node(&ipblocks),
         "the hook did not upgrade the IPBlock CRD"
     );
     assert_eq!(allot_crds(&s).await.len(), 8);
