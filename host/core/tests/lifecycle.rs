@@ -365,6 +365,29 @@ fn a_retried_sandbox_gets_back_the_address_its_pod_released() {
     let mut net1 = retry("try-21");
     net1.attachment.interface = "net1".into();
     assert_ne!(addresses(&e.add(&net1).unwrap()), first);
+
+    // An address a ReservedIP takes out of the pool while the pod holds it is not handed back.
+    assert_eq!(addresses(&e.add(&retry("try-22")).unwrap()), first);
+    let reservation = allot_core::Reserved::from_spec(
+        allot_core::spec::ObjectMeta {
+            name: "routers".into(),
+            ..Default::default()
+        },
+        allot_core::spec::ReservedIpSpec {
+            ip_version: None,
+            ips: vec![first[0].to_string()],
+        },
+    )
+    .expect("valid reservation");
+    e.load(
+        vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.13"], None)],
+        vec![],
+        vec![reservation],
+    )
+    .unwrap();
+    e.del(&att("try-22", "eth0")).unwrap();
+    let got = addresses(&e.add(&retry("try-23")).unwrap());
+    assert_ne!(got, first, "a reserved address is never handed back");
 }
 
 /// A pool of one address serves the DEL-then-ADD of a rolling update at once, not after the

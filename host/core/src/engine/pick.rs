@@ -94,7 +94,12 @@ impl<S: Store, P: Policy> Engine<S, P> {
                     (takes && pool.family == fam.family).then_some((entry, name))
                 })
                 .collect();
+            // Never one a ReservedIP has since taken out of the pool.
             if let Some(address) = returned
+                && !state
+                    .reserved
+                    .iter()
+                    .any(|r| r.reserves() && r.ips.contains(address))
                 && let Some(&(entry, name)) = serving
                     .iter()
                     .find(|&&(entry, _)| state.locate(address) == Some(entry))
