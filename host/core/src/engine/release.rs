@@ -64,6 +64,9 @@ impl<S: Store, P: Policy> Engine<S, P> {
             None => self.store.release_attachment(&req.attachment)?,
         };
         self.mark_released(&released);
+        // For the pod's next sandbox (a runtime retrying it); GC and expiry release for pods
+        // that are gone, which never come back for it.
+        super::lock(&self.returning).remember(&released, self.now());
         Ok(released)
     }
 
@@ -73,8 +76,6 @@ impl<S: Store, P: Policy> Engine<S, P> {
         for c in released {
             state.mark_released(c.address, now, now);
         }
-        drop(state);
-        lock(&self.returning).remember(released, now);
     }
 
     /// What `attachment` holds, or [`AllocError::UnknownAttachment`].
