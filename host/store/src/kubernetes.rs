@@ -15,7 +15,9 @@
 //! (409 `Conflict` or `AlreadyExists`) reads the block again and recomputes, up to
 //! [`MAX_ATTEMPTS`] times; a fresh address already claimed there is a lost race
 //! ([`StoreError::Conflict`]). A release, detach or reattach recomputes from the block as it is,
-//! so it never touches a claim another attachment holds now.
+//! so it never touches a claim another attachment holds now. Within one process a block has one
+//! writer at a time ([`combine`]): calls that arrive while it writes queue, and its next write
+//! carries all of them, so a node's concurrent ADDs never lose writes to each other.
 //!
 //! Kubernetes has no transaction across objects. A batch whose addresses lie in several blocks
 //! (a dual-stack pod: one IPv4 and one IPv6 block) is written block after block, in name order;
@@ -42,6 +44,7 @@
 //! client and the watch, and the call budget. Reads from the mirror are answered on the caller's
 //! thread.
 
+mod combine;
 mod compact;
 mod follow;
 mod mirror;
@@ -98,6 +101,10 @@ pub struct Backend {
     lost_races: AtomicU64,
     /// API requests made by calls (not the watch).
     requests: AtomicU64,
+    /// The edits waiting for each block's writer ([`combine`]).
+    queues: combine::Queues,
+    /// This backend, for the block writers it starts as tasks.
+    this: std::sync::Weak<Backend>,
 }
 
 /// Claims in IPBlock objects, read through a watch-fed mirror.
@@ -178,7 +185,7 @@ impl KubeStore {
         let peer = "the Kubernetes API server";
         BlockingStore::start("allot-kube", peer, timeout, move || async move {
             let client = make().await?;
-            let inner = Arc::new(Backend {
+            let inner = Arc::new_cyclic(|this| Backend {
                 api: Api::all(client),
                 mirror: mirror::Mirror::default(),
                 node,
@@ -186,6 +193,8 @@ impl KubeStore {
                 conflicts: AtomicU64::new(0),
                 lost_races: AtomicU64::new(0),
                 requests: AtomicU64::new(0),
+                queues: combine::Queues::default(),
+                this: this.clone(),
             });
             let rv = inner.relist().await?;
             tokio::spawn(follow::follow(inner.clone(), rv));

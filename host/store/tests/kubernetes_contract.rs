@@ -90,7 +90,85 @@ fn kubernetes_only_checks_on_a_real_api_server() {
         "emptied_blocks_are_deleted_and_a_later_claim_creates_them_again",
         || emptied_blocks_are_deleted_and_a_later_claim_creates_them_again(&plane),
     );
+    run.check(
+        "concurrent_claims_of_one_block_are_written_together_and_a_refusal_spoils_none",
+        || concurrent_claims_of_one_block_are_written_together_and_a_refusal_spoils_none(&plane),
+    );
     run.finish();
+}
+
+/// 48 ADDs of one node claiming 48 addresses of one block at once, and 4 more claiming an
+/// address another node holds: the 48 all land, in far fewer writes than calls and none lost to
+/// each other (each write carries the claims that queued while the one before it was on its
+/// way), and only the 4 are refused.
+fn concurrent_claims_of_one_block_are_written_together_and_a_refusal_spoils_none(
+    plane: &LoopbackControlPlane,
+) {
+    let config = emptied(plane);
+    let other_node = open(&KubeConfig {
+        node: Some("node-b".into()),
+        ..config.clone()
+    });
+    other_node
+        .claim(&[claim(
+            "10.0.0.60",
+            "p",
+            Some(&attachment("theirs", "eth0")),
+            &pod("ns", "theirs", "ut"),
+            T0,
+        )])
+        .unwrap();
+    let store = open(&config);
+    eventually("this node sees the other node's claim", || {
+        (store.all().unwrap().len() == 1).then_some(())
+    });
+    let before = store.stats();
+    let start = std::sync::Barrier::new(52);
+    let answers: Vec<(String, Result<(), StoreError>)> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..52)
+            .map(|i| {
+                let (store, start) = (&store, &start);
+                s.spawn(move || {
+                    let address = if i < 48 {
+                        format!("10.0.0.{i}")
+                    } else {
+                        "10.0.0.60".to_string()
+                    };
+                    let me = attachment(&format!("c{i}"), "eth0");
+                    let c = claim(
+                        &address,
+                        "p",
+                        Some(&me),
+                        &pod("ns", &format!("p{i}"), "u"),
+                        T0,
+                    );
+                    start.wait();
+                    (address, store.claim(&[c]))
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (address, answer) in &answers {
+        match address.as_str() {
+            "10.0.0.60" => assert_eq!(answer, &Err(StoreError::Conflict(ip(address)))),
+            _ => assert_eq!(answer, &Ok(()), "{address}"),
+        }
+    }
+    let after = store.stats();
+    let requests = after.requests - before.requests;
+    assert_eq!(
+        after.conflicts, before.conflicts,
+        "no write lost to this node's own"
+    );
+    assert!(requests <= 24, "{requests} API requests for 52 calls");
+    let block = blocks(plane)
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == "v4-10-0-0-0-26")
+        .expect("the block");
+    let claims = block["spec"]["claims"].as_object().unwrap();
+    assert_eq!(claims.len(), 49, "{block}");
+    assert_eq!(claims["10.0.0.60"]["containerId"], "theirs");
 }
 
 /// A dual-stack batch is two blocks; when the second refuses, the first is rolled back, so the

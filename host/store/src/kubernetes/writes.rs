@@ -1,4 +1,5 @@
-//! Writes: each a compare-and-swap on one block, recomputed from a fresh read when it loses.
+//! Writes: each a compare-and-swap on one block (through its writer, [`super::combine`]),
+//! recomputed from a fresh read when it loses.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -6,17 +7,16 @@ use std::sync::atomic::Ordering;
 
 use allot_core::block::{block_name, block_of};
 use allot_core::store::{Attachment, Claim, PodRef, Reattach, StoreError, unchanged};
-use kube::api::PostParams;
 
 use super::mirror::Block;
-use super::{Backend, LIST_PAGE, MAX_ATTEMPTS, attempt, request};
+use super::{Backend, LIST_PAGE, request};
 
 /// After losing write `lost` (0-based) of a block to other writers, waits a random moment of up
 /// to 2 ms per write lost so far (at most 32 ms), so that writers racing for one block spread
 /// out instead of reading and losing again in lockstep: without it, one of 16 threads claiming
 /// distinct addresses of one block lost 16 writes in a row on a busy real API server. The same
 /// idea as client-go's `retry.RetryOnConflict` (a jittered backoff between attempts).
-async fn pause_after_lost_write(lost: usize) {
+pub(super) async fn pause_after_lost_write(lost: usize) {
     use std::hash::{BuildHasher, Hasher};
     // A random number without a dependency: every RandomState is seeded afresh.
     let random = std::collections::hash_map::RandomState::new()
@@ -49,7 +49,7 @@ fn by_block<T>(items: Vec<T>, address: impl Fn(&T) -> IpAddr) -> BTreeMap<String
 }
 
 impl Backend {
-    fn now(&self) -> u64 {
+    pub(super) fn now(&self) -> u64 {
         (self.clock)()
     }
 
@@ -82,7 +82,7 @@ impl Backend {
     }
 
     /// Reads one block from the API into the mirror (`None`: it does not exist).
-    async fn fetch(&self, name: &str) -> Result<Option<Block>, StoreError> {
+    pub(super) async fn fetch(&self, name: &str) -> Result<Option<Block>, StoreError> {
         self.count();
         let found = request(&format!("reading IPBlock {name}"), self.api.get_opt(name)).await?;
         match found {
@@ -94,75 +94,6 @@ impl Backend {
             }
             None => Ok(None),
         }
-    }
-
-    /// Applies `edit` to the block holding `address`, by compare-and-swap: computed on the
-    /// mirror's copy first, and on a fresh read whenever the API says that copy is stale (a
-    /// lost write) or before the edit's refusal is believed.
-    pub(super) async fn change_block<T>(
-        &self,
-        address: IpAddr,
-        mut edit: impl FnMut(&mut Block) -> Result<Edit<T>, StoreError>,
-    ) -> Result<T, StoreError> {
-        let cidr = block_of(address);
-        let name = block_name(&cidr);
-        let mut fresh: Option<Option<Block>> = None;
-        for attempt_number in 0..MAX_ATTEMPTS {
-            let base = match &fresh {
-                Some(b) => b.clone(),
-                None => self.mirror.block(&name),
-            };
-            let mut next = base
-                .clone()
-                .unwrap_or_else(|| Block::empty(name.clone(), cidr, self.node.clone()));
-            let decided = edit(&mut next);
-            let t = match decided {
-                // A refusal or a no-op computed on the mirror's copy may be stale: check it
-                // against the API before answering with it.
-                Err(StoreError::Conflict(_) | StoreError::Stale(_)) | Ok(Edit::Keep(_))
-                    if fresh.is_none() && base.is_some() =>
-                {
-                    fresh = Some(self.fetch(&name).await?);
-                    continue;
-                }
-                Err(e) => return Err(e),
-                Ok(Edit::Keep(t)) => return Ok(t),
-                Ok(Edit::Write(t)) => t,
-            };
-            let object = next.to_object();
-            self.count();
-            let pp = PostParams::default();
-            let (what, written) = match &base {
-                Some(_) => {
-                    let what = format!("updating IPBlock {name}");
-                    let written = attempt(&what, self.api.replace(&name, &pp, &object)).await?;
-                    (what, written)
-                }
-                None => {
-                    let what = format!("creating IPBlock {name}");
-                    let written = attempt(&what, self.api.create(&pp, &object)).await?;
-                    (what, written)
-                }
-            };
-            match written {
-                Ok(stored) => {
-                    let block = Block::from_object(&stored);
-                    self.mirror.apply(&name, Some(block), None, self.now());
-                    return Ok(t);
-                }
-                // 409: another writer changed (or created) the block first; 404: it was
-                // deleted since it was read. Either way, read it again and recompute.
-                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                    self.conflicts.fetch_add(1, Ordering::Relaxed);
-                    pause_after_lost_write(attempt_number).await;
-                    fresh = Some(self.fetch(&name).await?);
-                }
-                Err(e) => return Err(super::api_error(&what, e)),
-            }
-        }
-        Err(StoreError::Unavailable(format!(
-            "IPBlock {name}: {MAX_ATTEMPTS} writes in a row lost to other writers; try again"
-        )))
     }
 
     pub(super) async fn claim_batch(
@@ -191,14 +122,16 @@ impl Backend {
                 .map(|c| c.address)
                 .or_else(|| reattach.first().map(|r| r.address))
                 .expect("a block of the batch has an address");
+            let (fresh_edit, reattach_edit) = (fresh.clone(), reattach);
             let outcome = self
-                .change_block(address, |block| {
+                .change_block(address, move |block| {
+                    let (fresh, reattach) = (&fresh_edit, &reattach_edit);
                     if let Some(c) = fresh.iter().find(|c| block.claims.contains_key(&c.address)) {
                         return Err(StoreError::Conflict(c.address));
                     }
                     let mut before = Vec::new();
                     let mut after = Vec::new();
-                    for r in &reattach {
+                    for r in reattach {
                         let ok = block
                             .claims
                             .get(&r.address)
@@ -214,7 +147,7 @@ impl Backend {
                         c.updated_at = r.now;
                         after.push(c.clone());
                     }
-                    for c in &fresh {
+                    for c in fresh {
                         block.claims.insert(c.address, c.clone());
                         block.released.remove(&c.address);
                     }
@@ -247,8 +180,9 @@ impl Backend {
             let Some(address) = ours.first().map(|c| c.address) else {
                 continue;
             };
+            let addresses: Vec<String> = ours.iter().map(|c| c.address.to_string()).collect();
             let undone = self
-                .change_block(address, |block| {
+                .change_block(address, move |block| {
                     let mut changed = false;
                     for c in &ours {
                         let still = block
@@ -276,7 +210,6 @@ impl Backend {
                 })
                 .await;
             if let Err(e) = undone {
-                let addresses: Vec<String> = ours.iter().map(|c| c.address.to_string()).collect();
                 tracing::warn!(
                     addresses = %addresses.join(","),
                     error = %e,
@@ -291,15 +224,18 @@ impl Backend {
     /// at a time (each its own compare-and-swap, so the order they land in does not matter);
     /// collects what each returned, in block-name order. One after another, a GC batch of 1,000
     /// leaks in as many blocks took longer than the call budget (10 s) on a real API server.
-    async fn each_block<T>(
+    async fn each_block<T: Send + 'static>(
         &self,
         addresses: Vec<IpAddr>,
-        edit: impl Fn(&mut Block) -> Result<Edit<Vec<T>>, StoreError>,
+        edit: impl Fn(&mut Block) -> Result<Edit<Vec<T>>, StoreError> + Send + Sync + 'static,
     ) -> Result<Vec<T>, StoreError> {
         use futures::{StreamExt, TryStreamExt};
-        let edit = &edit;
+        let edit = std::sync::Arc::new(edit);
         let per_block: Vec<Vec<T>> = futures::stream::iter(by_block(addresses, |a| *a))
-            .map(|(_, addresses)| self.change_block(addresses[0], edit))
+            .map(|(_, addresses)| {
+                let edit = edit.clone();
+                self.change_block(addresses[0], move |block| edit(block))
+            })
             .buffered(BLOCK_WRITERS)
             .try_collect()
             .await?;
@@ -312,7 +248,7 @@ impl Backend {
     ) -> Result<Vec<Claim>, StoreError> {
         let now = self.now();
         let held = self.mirror.addresses_of(&attachment);
-        self.each_block(held, |block| {
+        self.each_block(held, move |block| {
             let mine: Vec<IpAddr> = block
                 .claims
                 .values()
@@ -330,7 +266,7 @@ impl Backend {
         attachment: Option<Attachment>,
     ) -> Result<bool, StoreError> {
         let now = self.now();
-        self.change_block(address, |block| {
+        self.change_block(address, move |block| {
             let held = block
                 .claims
                 .get(&address)
@@ -350,7 +286,7 @@ impl Backend {
     ) -> Result<Vec<Claim>, StoreError> {
         let now = self.now();
         let addresses = claims.iter().map(|c| c.address).collect();
-        self.each_block(addresses, |block| {
+        self.each_block(addresses, move |block| {
             let still: Vec<IpAddr> = claims
                 .iter()
                 .filter(|read| {
@@ -372,7 +308,7 @@ impl Backend {
         now: u64,
     ) -> Result<Vec<Claim>, StoreError> {
         let held = self.mirror.addresses_of(&attachment);
-        self.each_block(held, |block| {
+        self.each_block(held, move |block| {
             let mut out = Vec::new();
             for c in block
                 .claims
@@ -401,7 +337,7 @@ impl Backend {
         holder: PodRef,
         now: u64,
     ) -> Result<Claim, StoreError> {
-        self.change_block(address, |block| {
+        self.change_block(address, move |block| {
             let Some(c) = block
                 .claims
                 .get_mut(&address)
