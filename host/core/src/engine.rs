@@ -303,7 +303,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
             config,
             node: String::new(),
             clock,
-            state: Mutex::new(State::empty(config.cooldown)),
+            state: Mutex::new(State::empty(config.cooldown, config.spread)),
             installed: Mutex::new(Installed::default()),
             suspects: Mutex::new(Suspects::new()),
             attachment_locks: (0..ATTACHMENT_STRIPES).map(|_| Mutex::new(())).collect(),

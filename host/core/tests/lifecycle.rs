@@ -92,6 +92,56 @@ fn nodes_sharing_a_store_start_each_pool_at_a_place_of_their_own() {
     assert_eq!(first(Some(7)), first(Some(7)));
 }
 
+/// A pool emptied and filled again within its cooldown has only cooling addresses to give:
+/// engines of different nodes then take them in orders of their own (to within a few seconds of
+/// release), where all would otherwise take the same one next and all but one lose the race for
+/// it; an engine alone still takes the one released first.
+#[test]
+fn nodes_sharing_a_store_take_cooling_addresses_in_orders_of_their_own() {
+    let first_cooling = |spread: Option<u64>| {
+        let config = EngineConfig {
+            cooldown: 30,
+            spread,
+            ..quick()
+        };
+        let (e, now) = clocked(config, 1000);
+        e.load(
+            vec![pool("a", "10.0.0.0/24", &["10.0.0.10-10.0.0.49"], None)],
+            vec![],
+            vec![],
+        )
+        .unwrap();
+        for i in 0..40 {
+            e.add(&add_req(&format!("c{i}"), "eth0", &["a"], &[]))
+                .unwrap();
+        }
+        for i in 0..40 {
+            // Ten per second, as a Deployment scaled to 0 goes.
+            now.store(1000 + i / 10, Ordering::SeqCst);
+            e.del(&att(&format!("c{i}"), "eth0")).unwrap();
+        }
+        now.store(1010, Ordering::SeqCst);
+        let out = e.add(&add_req("again", "eth0", &["a"], &[])).unwrap();
+        assert_eq!(
+            e.usage()[0].cooldown_cut_short,
+            1,
+            "only cooling ones were left"
+        );
+        addresses(&out)[0]
+    };
+    assert_eq!(first_cooling(None), first_cooling(None));
+    let places: BTreeSet<IpAddr> = (1..=10).map(|node| first_cooling(Some(node))).collect();
+    assert!(
+        places.len() >= 6,
+        "ten nodes take ten different cooling addresses first, not {places:?}"
+    );
+    assert_eq!(
+        first_cooling(Some(3)),
+        first_cooling(Some(3)),
+        "a node keeps its order"
+    );
+}
+
 /// When the feed has been compacted past the engine's revision, it rebuilds from a snapshot.
 #[test]
 fn a_compacted_feed_falls_back_to_a_snapshot() {

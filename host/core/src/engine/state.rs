@@ -21,9 +21,28 @@ pub(super) struct PoolEntry {
     pub assignable: AddrSet,
     /// Free addresses that are not cooling down: handed out first.
     pub index: FreeIndex,
-    /// Free addresses released less than the cooldown ago, by the end of their cooldown (so
-    /// the one released longest ago first): handed out only when `index` has none left.
-    pub cooling: BTreeSet<(u64, IpAddr)>,
+    /// Free addresses released less than the cooldown ago, the one released longest ago first
+    /// ([`CoolingKey`]): handed out only when `index` has none left.
+    pub cooling: BTreeSet<CoolingKey>,
+}
+
+/// Released addresses are told apart to within this many seconds when the cooling ones are
+/// handed out: within that, each node goes its own order ([`CoolingKey`]).
+const COOLING_TIE_SECONDS: u64 = 5;
+
+/// Where a cooling address stands among its pool's: by the end of its cooldown to within
+/// [`COOLING_TIE_SECONDS`], then in an order of this node's own when nodes share the store
+/// ([`super::EngineConfig::spread`]), then exactly. Without that order every node would hand out
+/// the same address next (a pool scaled to 0 and back within its cooldown has nothing else), and
+/// all but one would lose the race for it, again and again: scaled up to 1,000 pods on 10 nodes,
+/// an ADD lost 16 races in a row. Within a few seconds of each other, which goes first does not
+/// matter to a neighbour's ARP cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct CoolingKey {
+    window: u64,
+    order: u64,
+    until: u64,
+    addr: IpAddr,
 }
 
 /// A pool version no longer in force (the pool was deleted, or edited so that it no longer holds
@@ -55,6 +74,8 @@ pub(super) struct State {
     /// claim is not made cools on.
     taken_cooling: HashMap<IpAddr, u64>,
     cooldown: u64,
+    /// [`super::EngineConfig::spread`]: this node's order of cooling addresses.
+    spread: Option<u64>,
     /// The ReservedIPs in force, to name the one that keeps a given address from a pod.
     pub reserved: Vec<Reserved>,
 }
@@ -74,7 +95,7 @@ pub(super) struct Carried<'a> {
 }
 
 impl State {
-    pub fn empty(cooldown: u64) -> Self {
+    pub fn empty(cooldown: u64, spread: Option<u64>) -> Self {
         State {
             inventory: Arc::new(Inventory::default()),
             pools: Vec::new(),
@@ -87,6 +108,7 @@ impl State {
             in_flight: HashSet::new(),
             taken_cooling: HashMap::new(),
             cooldown,
+            spread,
             reserved: Vec::new(),
         }
     }
@@ -187,6 +209,7 @@ impl State {
             in_flight: HashSet::new(),
             taken_cooling: HashMap::new(),
             cooldown: carried.cooldown,
+            spread: carried.spread,
             reserved: reserved.to_vec(),
         };
 
@@ -269,7 +292,7 @@ impl State {
     /// protects neighbours' stale ARP caches; refusing the pod instead would leave a pool of one
     /// address unusable for the cooldown after every DEL.
     pub fn take_cooling(&mut self, i: usize) -> Option<IpAddr> {
-        let (until, addr) = self.pools[i].cooling.pop_first()?;
+        let CoolingKey { until, addr, .. } = self.pools[i].cooling.pop_first()?;
         self.cooling.remove(&addr);
         self.in_flight.insert(addr);
         self.taken_cooling.insert(addr, until);
@@ -282,7 +305,8 @@ impl State {
         let Some(&until) = self.cooling.get(&addr) else {
             return false;
         };
-        if !self.pools[i].cooling.remove(&(until, addr)) {
+        let key = self.cooling_key(until, addr);
+        if !self.pools[i].cooling.remove(&key) {
             return false;
         }
         self.cooling.remove(&addr);
@@ -291,12 +315,25 @@ impl State {
         true
     }
 
+    fn cooling_key(&self, until: u64, addr: IpAddr) -> CoolingKey {
+        CoolingKey {
+            window: until / COOLING_TIE_SECONDS,
+            order: self
+                .spread
+                .map_or(0, |spread| super::seed_of(&(spread, addr))),
+            until,
+            addr,
+        }
+    }
+
     /// Puts free `addr` of pool `i` among the cooling ones, until `until`.
     fn cool(&mut self, i: usize, addr: IpAddr, until: u64) {
         if let Some(old) = self.cooling.insert(addr, until) {
-            self.pools[i].cooling.remove(&(old, addr));
+            let old = self.cooling_key(old, addr);
+            self.pools[i].cooling.remove(&old);
         }
-        self.pools[i].cooling.insert((until, addr));
+        let key = self.cooling_key(until, addr);
+        self.pools[i].cooling.insert(key);
     }
 
     /// Takes `addr` out of the cooling ones, if it is one; returns whether it was.
@@ -305,7 +342,8 @@ impl State {
             return false;
         };
         if let Some(i) = self.locate(addr) {
-            self.pools[i].cooling.remove(&(until, addr));
+            let key = self.cooling_key(until, addr);
+            self.pools[i].cooling.remove(&key);
         }
         true
     }
