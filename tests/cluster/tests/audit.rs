@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_cluster_tests::objects::pod_ips;
+use allot_cluster_tests::objects::{Workload, pod_ips};
 use allot_cluster_tests::{NAMESPACE, Suite, install_args};
 use allot_core::store::{Attachment, Claim, PodRef, Store};
 use allot_k8s::Endpoint;
@@ -115,20 +115,7 @@ async fn ipam_check_finds_each_planted_drift_and_release_frees_only_the_leaks() 
     s.must("helm", &args);
     s.wait_ready().await;
     s.namespace(NS).await;
-    s.must_apply(&format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: app, namespace: {NS}}}
-spec:
-  replicas: 3
-  selector: {{matchLabels: {{app: app}}}}
-  template:
-    metadata: {{labels: {{app: app}}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    ));
+    s.must_apply(&Workload::deployment(NS, "app", 3).grace(1).yaml());
     let mut pods = s.ready_pods(NS, "app=app", 3).await;
     pods.sort_by_key(|p| p.metadata.name.clone());
     let (a, b, c) = (&pods[0], &pods[1], &pods[2]);

@@ -116,27 +116,6 @@ async fn helm_install_as_the_readme_says_serves_a_first_pod() {
 const DEPLOY_V4: &str = "198.51.100.192-198.51.100.223";
 const DEPLOY_V6: &str = "2001:db8:1ab::2:0-2001:db8:1ab::2:ffff";
 
-fn spread_deployment(ns: &str, name: &str, replicas: u32, annotation: &str) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata:
-      labels: {{app: {name}}}
-      annotations: {{"ipam.allot.dev/ippool": '{annotation}'}}
-    spec:
-      topologySpreadConstraints:
-        - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule,
-            labelSelector: {{matchLabels: {{app: {name}}}}}}}
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    )
-}
-
 /// A Deployment of 20 pods over 3 nodes: each pod's `status.podIPs` is what its Endpoint
 /// records and what the IPBlocks hold for it, no address twice, the pools' counts agree;
 /// scaled to 5, the other 15 pods' addresses are released and the counts follow.
@@ -163,7 +142,12 @@ async fn a_deployment_over_the_nodes_holds_what_its_pods_use_and_scaling_down_re
         DEPLOY_V6,
     ));
     let annotation = objects::pools_annotation("deploy-v4", "deploy-v6");
-    s.must_apply(&spread_deployment(&ns, "web", 20, &annotation));
+    s.must_apply(
+        &objects::Workload::deployment(&ns, "web", 20)
+            .pools(&annotation)
+            .spread("DoNotSchedule")
+            .yaml(),
+    );
 
     let check = |pods: Vec<k8s_openapi::api::core::v1::Pod>| {
         let s = &s;

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use allot_cluster_tests::Suite;
-use allot_cluster_tests::objects::{claims_in, pod_ips, pool_yaml};
+use allot_cluster_tests::objects::{Workload, claims_in, pod_ips, pool_yaml};
 use allot_k8s::ReservedIP;
 use allot_lab::testing::wait_for;
 use k8s_openapi::api::core::v1::Event;
@@ -79,24 +79,16 @@ async fn a_legacy_app_gets_the_address_its_annotation_gives() {
         "2001:db8:1ab::5:0-2001:db8:1ab::5:f",
     ));
     let pools = r#"{"ipv4":["legacy-v4"],"ipv6":["legacy-v6"]}"#;
-    s.must_apply(&format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: billing, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: billing}}}}
-  template:
-    metadata:
-      labels: {{app: billing}}
-      annotations:
-        ipam.allot.dev/ippool: '{pools}'
-        ipam.allot.dev/ip: '{{"ipv4":"198.51.100.115","ipv6":"2001:db8:1ab::5:5"}}'
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    ));
+    s.must_apply(
+        &Workload::deployment(&ns, "billing", 1)
+            .pools(pools)
+            .annotate(
+                "ipam.allot.dev/ip",
+                r#"{"ipv4":"198.51.100.115","ipv6":"2001:db8:1ab::5:5"}"#,
+            )
+            .grace(1)
+            .yaml(),
+    );
     let given = vec![ip("198.51.100.115"), ip("2001:db8:1ab::5:5")];
     let first = s.ready_pods(&ns, "app=billing", 1).await.remove(0);
     assert_eq!(pod_ips(&first), given);
@@ -194,26 +186,14 @@ spec:
 }
 
 fn database(ns: &str, name: &str, replicas: u32, declared: &str) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  replicas: {replicas}
-  serviceName: {name}
-  podManagementPolicy: Parallel
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata:
-      labels: {{app: {name}}}
-      annotations:
-        ipam.allot.dev/ippool: '{{"ipv4":["db-v4"]}}'
-        ipam.allot.dev/ordinal-ips: '{{"ipv4":["{declared}"]}}'
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    )
+    Workload::statefulset(ns, name, replicas)
+        .pools(r#"{"ipv4":["db-v4"]}"#)
+        .annotate(
+            "ipam.allot.dev/ordinal-ips",
+            &format!(r#"{{"ipv4":["{declared}"]}}"#),
+        )
+        .grace(1)
+        .yaml()
 }
 
 /// Addresses of the StatefulSet's pods, by pod name.
@@ -287,22 +267,12 @@ async fn a_database_statefulset_scaled_3_1_3_gets_its_same_three_addresses() {
     .await;
 
     // Meanwhile: pods of the same pool never get them by chance...
-    s.must_apply(&format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: squatters, namespace: {ns}}}
-spec:
-  replicas: 5
-  selector: {{matchLabels: {{app: squatters}}}}
-  template:
-    metadata:
-      labels: {{app: squatters}}
-      annotations: {{ipam.allot.dev/ippool: '{{"ipv4":["db-v4"]}}'}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    ));
+    s.must_apply(
+        &Workload::deployment(&ns, "squatters", 5)
+            .pools(r#"{"ipv4":["db-v4"]}"#)
+            .grace(1)
+            .yaml(),
+    );
     let squatters: BTreeSet<IpAddr> = s
         .ready_pods(&ns, "app=squatters", 5)
         .await

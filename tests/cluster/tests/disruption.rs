@@ -7,33 +7,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use allot_cluster_tests::objects::{claims, claims_in, pod_ips, pool_yaml};
+use allot_cluster_tests::objects::{
+    Workload, claims, claims_in, pod_ips, pool_yaml, pools_annotation,
+};
 use allot_cluster_tests::{NAMESPACE, Suite};
 use allot_k8s::{BlockClaim, IPBlock, IPBlockSpec};
 use allot_lab::Component;
 use allot_lab::testing::wait_for;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
-
-fn spread(ns: &str, name: &str, replicas: u32) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      topologySpreadConstraints:
-        - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway,
-            labelSelector: {{matchLabels: {{app: {name}}}}}}}
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    )
-}
 
 /// Every live pod of `pods` still holds its addresses, claimed for its UID.
 async fn live_pods_keep_theirs(s: &Suite, ns: &str, pods: &[Pod]) {
@@ -66,7 +48,12 @@ async fn a_lost_nodes_addresses_are_released_and_no_live_pods() {
         return;
     };
     let ns = s.namespace("lost").await;
-    s.must_apply(&spread(&ns, "app", 6));
+    s.must_apply(
+        &Workload::deployment(&ns, "app", 6)
+            .grace(1)
+            .spread("ScheduleAnyway")
+            .yaml(),
+    );
     let pods = s.ready_pods(&ns, "app=app", 6).await;
     // The node of a pod that no controller replica runs on, if there is one: a lost leader is
     // the next test's.
@@ -221,21 +208,11 @@ async fn the_leader_killed_mid_release_hands_over_and_nothing_is_released_twice(
     };
     // Pods that can only start with released addresses of the pool.
     let ns = s.namespace("leader").await;
-    s.must_apply(&format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: takers, namespace: {ns}}}
-spec:
-  replicas: 20
-  selector: {{matchLabels: {{app: takers}}}}
-  template:
-    metadata:
-      labels: {{app: takers}}
-      annotations: {{"ipam.allot.dev/ippool": '{{"ipv4":["default-v4"],"ipv6":["{pool}"]}}'}}
-    spec:
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    ));
+    s.must_apply(
+        &Workload::deployment(&ns, "takers", 20)
+            .pools(&pools_annotation("default-v4", &pool))
+            .yaml(),
+    );
     let first = s.leader().await.expect("a leader");
     wait_for("the leader releasing", Duration::from_secs(120), || async {
         let left = leaked_left().await;

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use allot_cluster_tests::Suite;
-use allot_cluster_tests::objects::{claims_in, endpoint_ips, pod_ips};
+use allot_cluster_tests::objects::{Workload, claims_in, endpoint_ips, pod_ips};
 use allot_cluster_tests::peers::{
     addresses, crd_files, create, remove_peer_conflist, sandbox_id, spider_endpoint,
     write_peer_conflist,
@@ -33,56 +33,25 @@ fn workloads() -> String {
     // No Multus in the lab: where a NetworkAttachmentDefinition's ipam section would name the
     // pools once switched, the pods name them.
     let wb = r#"{"ipv4":["whereabouts-198.51.100.0-24"],"ipv6":["whereabouts-2001-db8-1ab---64"]}"#;
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: web, namespace: {NS}}}
-spec:
-  replicas: 3
-  selector: {{matchLabels: {{app: web}}}}
-  template:
-    metadata:
-      labels: {{app: web}}
-      annotations: {{"ipam.spidernet.io/ippool": '{spider}'}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      affinity: {{nodeAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: {{nodeSelectorTerms: [
-        {{matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [node-1, node-2]}}]}}]}}}}}}
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
----
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {{name: db, namespace: {NS}}}
-spec:
-  replicas: 2
-  serviceName: db
-  selector: {{matchLabels: {{app: db}}}}
-  template:
-    metadata:
-      labels: {{app: db}}
-      annotations: {{"ipam.spidernet.io/ippool": '{spider}'}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      affinity: {{nodeAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: {{nodeSelectorTerms: [
-        {{matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [node-1, node-2]}}]}}]}}}}}}
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: wb, namespace: {NS}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: wb}}}}
-  template:
-    metadata:
-      labels: {{app: wb}}
-      annotations: {{"ipam.allot.dev/ippool": '{wb}'}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      nodeSelector: {{kubernetes.io/hostname: node-3}}
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    )
+    let on_first_two = "      affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: \
+                        {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, \
+                        operator: In, values: [node-1, node-2]}]}]}}}\n";
+    [
+        Workload::deployment(NS, "web", 3)
+            .annotate("ipam.spidernet.io/ippool", spider)
+            .grace(1)
+            .pod_spec(on_first_two),
+        Workload::statefulset(NS, "db", 2)
+            .annotate("ipam.spidernet.io/ippool", spider)
+            .grace(1)
+            .pod_spec(on_first_two),
+        Workload::deployment(NS, "wb", 1)
+            .pools(wb)
+            .grace(1)
+            .pod_spec("      nodeSelector: {kubernetes.io/hostname: node-3}\n"),
+    ]
+    .map(|w| w.yaml())
+    .join("---\n")
 }
 
 /// Refuses the creation of IPPool `sp-v6` (a ValidatingAdmissionPolicy): a migration that

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use allot_cluster_tests::objects::{
-    claims, claims_in, endpoint_ips, pod_ips, pool_counts, pool_yaml, pools_annotation,
+    Workload, claims, claims_in, endpoint_ips, pod_ips, pool_counts, pool_yaml, pools_annotation,
 };
 use allot_cluster_tests::{NAMESPACE, Suite};
 use allot_lab::node::cni::Attachment;
@@ -130,47 +130,12 @@ fn node_of(pod: &Pod) -> String {
     pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap()
 }
 
-fn statefulset(ns: &str, name: &str, replicas: u32, pools: &str, extra: &str) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  replicas: {replicas}
-  serviceName: {name}
-  podManagementPolicy: Parallel
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata:
-      labels: {{app: {name}}}
-      annotations: {{"ipam.allot.dev/ippool": '{pools}'}}
-    spec:
-      terminationGracePeriodSeconds: 1
-{extra}      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    )
-}
-
-fn deployment(ns: &str, name: &str, replicas: u32, pools: &str, extra: &str) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-{extra}  template:
-    metadata:
-      labels: {{app: {name}}}
-      annotations: {{"ipam.allot.dev/ippool": '{pools}'}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      topologySpreadConstraints:
-        - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway,
-            labelSelector: {{matchLabels: {{app: {name}}}}}}}
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    )
+/// A Deployment naming `pools`, its pods spread over the nodes.
+fn spread(ns: &str, name: &str, replicas: u32, pools: &str) -> Workload {
+    Workload::deployment(ns, name, replicas)
+        .pools(pools)
+        .grace(1)
+        .spread("ScheduleAnyway")
 }
 
 /// Same-name StatefulSet pods deleted and recreated, and the StatefulSet scaled down and up
@@ -199,8 +164,13 @@ async fn same_name_pods_churned_beside_a_deployment_never_share_an_address() {
         "2001:db8:1ab::7:0-2001:db8:1ab::7:7",
     ));
     let pools = pools_annotation("churn-v4", "churn-v6");
-    s.must_apply(&statefulset(&ns, "web", 3, &pools, ""));
-    s.must_apply(&deployment(&ns, "filler", 2, &pools, ""));
+    s.must_apply(
+        &Workload::statefulset(&ns, "web", 3)
+            .pools(&pools)
+            .grace(1)
+            .yaml(),
+    );
+    s.must_apply(&spread(&ns, "filler", 2, &pools).yaml());
     let web = s.ready_pods(&ns, "app=web", 3).await;
     s.ready_pods(&ns, "app=filler", 2).await;
     let mut own: BTreeMap<String, Vec<IpAddr>> = web
@@ -339,13 +309,13 @@ async fn a_statefulset_pod_keeps_its_addresses_through_its_nodes_outage() {
          5}}\n      - {{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, \
          tolerationSeconds: 5}}\n"
     );
-    s.must_apply(&statefulset(
-        &ns,
-        "db",
-        1,
-        &pools_annotation("default-v4", "default-v6"),
-        &extra,
-    ));
+    s.must_apply(
+        &Workload::statefulset(&ns, "db", 1)
+            .pools(&pools_annotation("default-v4", "default-v6"))
+            .grace(1)
+            .pod_spec(&extra)
+            .yaml(),
+    );
     let first = s.ready_pods(&ns, "app=db", 1).await.remove(0);
     assert_eq!(node_of(&first), victim, "db-0 started on the node to lose");
     let ips = pod_ips(&first);
@@ -472,7 +442,7 @@ async fn a_controller_with_a_lagging_watch_or_cold_caches_releases_nothing() {
         "2001:db8:1ab::9:0-2001:db8:1ab::9:ff",
     ));
     let pools = pools_annotation("default-v4", "cold-v6");
-    s.must_apply(&deployment(&ns, "app", 8, &pools, ""));
+    s.must_apply(&spread(&ns, "app", 8, &pools).yaml());
     s.ready_pods(&ns, "app=app", 8).await;
 
     // The leader frozen while pods are replaced and added.
@@ -570,7 +540,7 @@ async fn a_full_pool_rollout_finishes_with_an_agent_killed_midway() {
     let pools = pools_annotation("full-v4", "full-v6");
     let strategy = "  strategy:\n    type: RollingUpdate\n    rollingUpdate: {maxSurge: 0, \
                     maxUnavailable: 1}\n";
-    s.must_apply(&deployment(&ns, "app", 4, &pools, strategy));
+    s.must_apply(&spread(&ns, "app", 4, &pools).spec(strategy).yaml());
     let before = s.ready_pods(&ns, "app=app", 4).await;
     let old: BTreeSet<String> = before
         .iter()
@@ -704,7 +674,7 @@ async fn api_errors_between_the_ipv4_and_ipv6_writes_leave_no_half_claims() {
     .await;
 
     let pools = pools_annotation("default-v4", "halves-v6");
-    s.must_apply(&deployment(&ns, "app", 6, &pools, ""));
+    s.must_apply(&spread(&ns, "app", 6, &pools).yaml());
     // Long enough for every pod's ADD to be refused and retried a few times.
     tokio::time::sleep(Duration::from_secs(20)).await;
     let pods = s.pods(&ns, "app=app").await;

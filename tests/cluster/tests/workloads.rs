@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use allot_cluster_tests::Suite;
-use allot_cluster_tests::objects::{claims_in, pod_ips};
+use allot_cluster_tests::objects::{Workload, claims_in, pod_ips};
 use allot_k8s::IPPool;
 use allot_lab::testing::wait_for;
 use kube::api::{Api, ListParams};
@@ -20,21 +20,12 @@ fn subnet_yaml(name: &str, subnet: &str, gateway: &str, ips: &str) -> String {
 }
 
 fn auto_deployment(ns: &str, replicas: u32) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: web, namespace: {ns}}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: web}}}}
-  template:
-    metadata:
-      labels: {{app: web}}
-      annotations: {{"ipam.allot.dev/subnet": '{{"ipv4":["auto-v4"],"ipv6":["auto-v6"]}}'}}
-    spec:
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    )
+    Workload::deployment(ns, "web", replicas)
+        .annotate(
+            "ipam.allot.dev/subnet",
+            r#"{"ipv4":["auto-v4"],"ipv6":["auto-v6"]}"#,
+        )
+        .yaml()
 }
 
 /// The Subnets auto-v4 (198.51.100.224-.254) and auto-v6 (2001:db8:1ab::G:0/112, G =
@@ -355,21 +346,7 @@ async fn a_statefulset_pod_rescheduled_on_another_node_keeps_its_addresses() {
         return;
     };
     let ns = s.namespace("stateful").await;
-    s.must_apply(&format!(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata: {{name: db, namespace: {ns}}}
-spec:
-  replicas: 1
-  serviceName: db
-  selector: {{matchLabels: {{app: db}}}}
-  template:
-    metadata: {{labels: {{app: db}}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers: [{{name: c, image: busybox, command: [sleep, "3600"]}}]
-"#
-    ));
+    s.must_apply(&Workload::statefulset(&ns, "db", 1).grace(1).yaml());
     let first = s.ready_pods(&ns, "app=db", 1).await.remove(0);
     let node = first.spec.as_ref().unwrap().node_name.clone().unwrap();
     let ips = pod_ips(&first);
