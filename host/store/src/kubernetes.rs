@@ -103,6 +103,8 @@ pub struct Backend {
     requests: AtomicU64,
     /// The edits waiting for each block's writer ([`combine`]).
     queues: combine::Queues,
+    /// Claims on their way in a block writer, by attachment.
+    pending: Arc<combine::Pending>,
     /// This backend, for the block writers it starts as tasks.
     this: std::sync::Weak<Backend>,
 }
@@ -194,6 +196,7 @@ impl KubeStore {
                 lost_races: AtomicU64::new(0),
                 requests: AtomicU64::new(0),
                 queues: combine::Queues::default(),
+                pending: Arc::default(),
                 this: this.clone(),
             });
             let rv = inner.relist().await?;
@@ -309,6 +312,9 @@ impl AsyncStore for Backend {
     }
 
     async fn claims_of(&self, attachment: Attachment) -> Result<Vec<Claim>, StoreError> {
+        // A claim of this attachment still on its way (its ADD gave up waiting for it) is
+        // waited for: a DEL must see what it lands.
+        self.pending.settled(&attachment).await;
         Ok(self.mirror.claims_of(&attachment))
     }
 

@@ -398,6 +398,40 @@ fn an_api_server_that_does_not_answer_fails_the_call_within_its_budget() {
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
+/// An ADD that gives up while its write is on its way fails, but the write may still land:
+/// the DEL that follows reads the attachment's claims only once that write is settled, so it
+/// sees (and releases) what landed instead of releasing nothing and leaking the address.
+#[test]
+fn a_del_after_an_add_that_gave_up_sees_the_claim_its_write_landed() {
+    let (store, v, rt) = open(list(10, vec![]), Duration::from_secs(1));
+    let ((added, held), _v) = scripted(
+        &rt,
+        v,
+        move || {
+            let added = store.claim(&[fresh("10.0.0.7", "c1")]);
+            (added, store.claims_of(&attachment("c1", "eth0")))
+        },
+        async |v| {
+            // Answered after the call's budget (1 s), as an overloaded API server does.
+            let (body, send) = v.expect("POST", BLOCKS).await;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let mut stored = body.clone();
+            stored["metadata"]["resourceVersion"] = json!("11");
+            answer(send, 201, stored);
+        },
+    );
+    assert!(
+        matches!(added, Err(StoreError::Unavailable(_))),
+        "{added:?}"
+    );
+    let held: Vec<IpAddr> = held.unwrap().iter().map(|c| c.address).collect();
+    assert_eq!(
+        held,
+        [ip("10.0.0.7")],
+        "the DEL sees the claim that landed late"
+    );
+}
+
 #[test]
 fn a_watch_answered_gone_lists_again_and_the_feed_reports_what_changed() {
     let (store, mut v, rt) = open(list(10, vec![]), Duration::from_secs(5));

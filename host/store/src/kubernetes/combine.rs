@@ -20,13 +20,13 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use allot_core::block::{block_name, block_of};
-use allot_core::store::StoreError;
+use allot_core::store::{Attachment, StoreError};
 use ipnet::IpNet;
 use kube::api::PostParams;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use super::mirror::Block;
 use super::writes::{Edit, pause_after_lost_write};
@@ -69,6 +69,74 @@ impl Drop for Writing<'_> {
         if !self.idle {
             self.queues.lock().remove(self.name);
         }
+    }
+}
+
+/// Claims of each attachment that a block's writer still holds: an ADD whose call gave up
+/// (its budget ran out) may have left its write on its way, and the DEL that follows must see
+/// what that write lands, or it would release nothing and the claim would outlive the
+/// attachment. Reads by attachment wait until these are settled ([`Pending::settled`]).
+#[derive(Default)]
+pub(super) struct Pending {
+    held: Mutex<HashMap<Attachment, usize>>,
+    changed: Notify,
+}
+
+/// One call's claims on their way, counted in [`Pending`] until dropped (with its edit, once
+/// the writer is done with it).
+pub(super) struct PendingClaims {
+    pending: Arc<Pending>,
+    attachments: Vec<Attachment>,
+}
+
+impl Pending {
+    pub(super) fn hold(self: &Arc<Self>, attachments: Vec<Attachment>) -> PendingClaims {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        for a in &attachments {
+            *held.entry(a.clone()).or_default() += 1;
+        }
+        PendingClaims {
+            pending: self.clone(),
+            attachments,
+        }
+    }
+
+    /// Returns once no write carrying a claim of `attachment` is on its way.
+    pub(super) async fn settled(&self, attachment: &Attachment) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let busy = self
+                .held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(attachment);
+            if !busy {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+impl Drop for PendingClaims {
+    fn drop(&mut self) {
+        let mut held = self
+            .pending
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for a in &self.attachments {
+            if let Some(n) = held.get_mut(a) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(a);
+                }
+            }
+        }
+        drop(held);
+        self.pending.changed.notify_waiters();
     }
 }
 
@@ -153,16 +221,8 @@ impl Backend {
                 }
                 std::mem::take(waiting)
             };
-            // A caller that gave up (its call budget ran out) no longer wants its edit written.
-            let (mut edits, replies): (Vec<ErasedEdit>, Vec<oneshot::Sender<Answer>>) = batch
-                .into_iter()
-                .filter(|q| !q.reply.is_closed())
-                .map(|q| (q.edit, q.reply))
-                .unzip();
-            if edits.is_empty() {
-                continue;
-            }
-            let answers: Vec<Answer> = match self.write_combined(&name, cidr, &mut edits).await {
+            let mut batch = batch;
+            let answers: Vec<Answer> = match self.write_combined(&name, cidr, &mut batch).await {
                 Ok(decided) => decided
                     .into_iter()
                     .map(|d| match d {
@@ -170,9 +230,10 @@ impl Backend {
                         Decided::Refused(e) => Err(e),
                     })
                     .collect(),
-                Err(e) => replies.iter().map(|_| Err(e.clone())).collect(),
+                Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
             };
-            for (reply, answer) in replies.into_iter().zip(answers) {
+            let replies = batch.into_iter().map(|q| q.reply);
+            for (reply, answer) in replies.zip(answers) {
                 // A caller that gave up meanwhile: its answer has nobody to go to.
                 let _ = reply.send(answer);
             }
@@ -186,10 +247,17 @@ impl Backend {
         &self,
         name: &str,
         cidr: IpNet,
-        edits: &mut [ErasedEdit],
+        edits: &mut Vec<Queued>,
     ) -> Result<Vec<Decided>, StoreError> {
         let mut fresh: Option<Option<Block>> = None;
         for attempt_number in 0..MAX_ATTEMPTS {
+            // A caller that gave up (its call budget ran out) no longer wants its edit written:
+            // it has told its runtime the call failed, and the DEL that follows may already
+            // have looked for what it would claim. Only a write already on its way can land.
+            edits.retain(|q| !q.reply.is_closed());
+            if edits.is_empty() {
+                return Ok(Vec::new());
+            }
             let base = match &fresh {
                 Some(b) => b.clone(),
                 None => self.mirror.block(name),
@@ -199,10 +267,10 @@ impl Backend {
                 .unwrap_or_else(|| Block::empty(name.to_string(), cidr, self.node.clone()));
             let mut decided = Vec::with_capacity(edits.len());
             let mut doubtful = false;
-            for edit in edits.iter_mut() {
+            for queued in edits.iter_mut() {
                 // On a copy: an edit that refuses leaves nothing of itself behind.
                 let mut trial = next.clone();
-                let d = match edit(&mut trial) {
+                let d = match (queued.edit)(&mut trial) {
                     Ok(Edit::Write(t)) => {
                         next = trial;
                         Decided::Write(t)

@@ -123,8 +123,18 @@ impl Backend {
                 .or_else(|| reattach.first().map(|r| r.address))
                 .expect("a block of the batch has an address");
             let (fresh_edit, reattach_edit) = (fresh.clone(), reattach);
+            // Counted until the block's writer is done with this edit, even if this call
+            // gives up first (see `combine::Pending`).
+            let on_its_way = self.pending.hold(
+                fresh
+                    .iter()
+                    .filter_map(|c| c.attachment.clone())
+                    .chain(reattach_edit.iter().map(|r| r.attachment.clone()))
+                    .collect(),
+            );
             let outcome = self
                 .change_block(address, move |block| {
+                    let _on_its_way = &on_its_way;
                     let (fresh, reattach) = (&fresh_edit, &reattach_edit);
                     if let Some(c) = fresh.iter().find(|c| block.claims.contains_key(&c.address)) {
                         return Err(StoreError::Conflict(c.address));
