@@ -44,14 +44,20 @@ fn several_start_at_once_serve_and_go_without_a_trace() {
     );
 
     let plane = &planes[0];
-    // The `kubernetes` Service has an endpoint: the advertised address is not loopback.
-    let slices = plane.list("discovery.k8s.io/v1", "endpointslices").unwrap();
-    assert!(
-        slices
+    // The `kubernetes` Service has an endpoint: the advertised address is not loopback. The
+    // API server's endpoint reconciler writes it shortly after start (later on a busy machine).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let slices = plane.list("discovery.k8s.io/v1", "endpointslices").unwrap();
+        if slices
             .iter()
-            .any(|s| s["endpoints"][0]["addresses"][0] == "192.0.2.1"),
-        "{slices:?}"
-    );
+            .any(|s| s["endpoints"][0]["addresses"][0] == "192.0.2.1")
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{slices:?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     plane.create_namespace("team", json!({"a": "b"})).unwrap();
     let pod = plane
         .create(
