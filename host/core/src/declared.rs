@@ -83,7 +83,7 @@ pub fn reserved_for_pod(
     };
     let mut holders = reserved
         .iter()
-        .filter(|r| r.reserves() && r.ips.contains(address))
+        .filter(|r| r.reserves_address(address))
         .peekable();
     holders.peek().is_some()
         && holders.all(|r| {
@@ -249,9 +249,7 @@ pub fn refusals(
             continue;
         }
         if let Some(r) = against.reserved.iter().find(|r| {
-            r.reserves()
-                && r.ips.contains(address)
-                && reserved_for(&r.meta.labels).as_ref() != Some(owner)
+            r.reserves_address(address) && reserved_for(&r.meta.labels).as_ref() != Some(owner)
         }) {
             out.push(format!(
                 "{address} is reserved by ReservedIP {}",

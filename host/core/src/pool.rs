@@ -272,6 +272,11 @@ impl Reserved {
     pub fn reserves(&self) -> bool {
         self.meta.deletion_timestamp.is_none()
     }
+
+    /// Whether it is in force and keeps `address` from pods.
+    pub fn reserves_address(&self, address: IpAddr) -> bool {
+        self.reserves() && self.ips.contains(address)
+    }
 }
 
 struct Common {

@@ -119,7 +119,7 @@ impl State {
             let by: Vec<&str> = self
                 .reserved
                 .iter()
-                .filter(|r| r.reserves() && r.ips.contains(address))
+                .filter(|r| r.reserves_address(address))
                 .map(|r| r.meta.name.as_str())
                 .collect();
             return Err(Refusal::Never(format!(

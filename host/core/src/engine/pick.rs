@@ -96,10 +96,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
                 .collect();
             // Never one a ReservedIP has since taken out of the pool.
             if let Some(address) = returned
-                && !state
-                    .reserved
-                    .iter()
-                    .any(|r| r.reserves() && r.ips.contains(address))
+                && !state.reserved.iter().any(|r| r.reserves_address(address))
                 && let Some(&(entry, name)) = serving
                     .iter()
                     .find(|&&(entry, _)| state.locate(address) == Some(entry))
