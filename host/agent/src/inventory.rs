@@ -142,12 +142,12 @@ fn serving_pools(node: &Node) -> Result<BTreeSet<String>, String> {
         return Ok(node.engine().serving_pools());
     }
     use allot_core::store::Store as _;
-    let claims = node
+    let taken = node
         .engine()
         .store()
-        .all()
+        .snapshot(u64::MAX)
         .map_err(|e| format!("reading claims: {e}"))?;
-    Ok(claims.into_iter().map(|c| c.pool).collect())
+    Ok(taken.claims.iter().map(|t| t.pool.to_string()).collect())
 }
 
 /// The agent's periodic work, one blocking call per tick: reload when the files changed or the

@@ -93,7 +93,12 @@ impl PoolLifecycle {
             .map_err(|e| StoreError::Backend(e.to_string()))??;
         let mut counts: HashMap<String, u64> = HashMap::new();
         for c in &snapshot.claims {
-            *counts.entry(c.pool.clone()).or_default() += 1;
+            match counts.get_mut(&*c.pool) {
+                Some(n) => *n += 1,
+                None => {
+                    counts.insert(c.pool.to_string(), 1);
+                }
+            }
         }
         self.counts = counts;
         self.revision = Some(snapshot.revision);

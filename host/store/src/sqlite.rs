@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use allot_core::store::{
     Attachment, Change, ChangeKind, Changes, Claim, PodRef, Reattach, Snapshot, Store, StoreError,
-    VIRTUAL_MACHINE_KIND,
+    Taken, VIRTUAL_MACHINE_KIND,
 };
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, params};
 mod schema;
@@ -553,7 +553,7 @@ impl Store for SqliteStore {
                 .collect();
             Ok(Snapshot {
                 revision,
-                claims,
+                claims: Taken::of_all(&claims),
                 released,
                 cursors,
             })

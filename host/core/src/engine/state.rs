@@ -226,7 +226,7 @@ impl State {
             let old = carried
                 .previous
                 .iter()
-                .position(|p| p.name() == claim.pool && p.ips.contains(claim.address));
+                .position(|p| p.name() == &*claim.pool && p.ips.contains(claim.address));
             if let Some(k) = old {
                 retired[k]
                     .get_or_insert_with(|| Retired {

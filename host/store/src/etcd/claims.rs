@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use allot_core::store::{Claim, Reattach, Snapshot, StoreError, unchanged};
+use allot_core::store::{Claim, Reattach, Snapshot, StoreError, Taken, unchanged};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
@@ -543,7 +543,7 @@ impl Backend {
             .collect();
         Ok(Snapshot {
             revision: super::feed::end_of(revision as u64),
-            claims,
+            claims: Taken::of_all(&claims),
             released,
             cursors,
         })

@@ -12,15 +12,15 @@
 //! and no reader skips it. Kubernetes documents resourceVersions as opaque; every API server
 //! in use writes etcd's revision there, and a version that does not parse is applied as newer.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Mutex, MutexGuard};
 
 use allot_core::block::block_of;
-use allot_core::store::{Attachment, Change, ChangeKind, Changes, Claim, PodRef, Snapshot};
+use allot_core::store::{Attachment, Change, ChangeKind, Changes, Claim, PodRef, Snapshot, Taken};
 use allot_k8s::{BlockClaim, IPBlock, IPBlockSpec};
 
-use super::compact::{Held, Interner, attachment_key, pod_key};
+use super::compact::{Stored, Word, Words, attachment_key, pod_key, slot_of};
 use ipnet::IpNet;
 use kube::api::ObjectMeta;
 
@@ -219,34 +219,70 @@ pub(super) struct Mirror {
     state: Mutex<MirrorState>,
 }
 
-/// A block as the mirror keeps it (see [`compact`](super::compact)).
-struct Stored {
-    cidr: IpNet,
-    node: Option<String>,
-    version: Option<String>,
-    kept: Option<Box<Kept>>,
-    claims: BTreeMap<IpAddr, Held>,
-    released: BTreeMap<IpAddr, u64>,
+/// A list being applied to the mirror ([`Mirror::begin_list`]). Dropped unfinished (a page
+/// failed), it leaves the blocks applied so far, each at a version it really had, as watch
+/// events would have, and readers of a first list resync.
+pub(super) struct Listing<'a> {
+    mirror: &'a Mirror,
+    listed: HashSet<String>,
+    first: bool,
 }
 
-impl Stored {
-    fn expand(&self, name: &str) -> Block {
-        Block {
-            name: name.to_string(),
-            cidr: self.cidr,
-            node: self.node.clone(),
-            version: self.version.clone(),
-            kept: self.kept.clone(),
-            claims: self.claims.iter().map(|(a, h)| (*a, h.claim(*a))).collect(),
-            released: self.released.clone(),
+impl Listing<'_> {
+    /// Applies one page of the list.
+    pub fn page(&mut self, blocks: impl IntoIterator<Item = Block>, at: u64) {
+        let mut st = self.mirror.lock();
+        for b in blocks {
+            self.listed.insert(b.name.clone());
+            st.apply(b.name.clone(), Some(b), None, at);
         }
+    }
+
+    /// Ends the list, read at `rv`: blocks it did not hold are gone.
+    pub fn finish(self, rv: &str, at: u64) {
+        let mut st = self.mirror.lock();
+        let gone: Vec<String> = st
+            .blocks
+            .keys()
+            .filter(|n| !self.listed.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            st.apply(name, None, Some(rv), at);
+        }
+        st.prune_words();
+        if let Some(rv) = rv_number(rv) {
+            if st.log.is_empty() && st.position < end_of(rv) {
+                // Nothing to report: readers behind the list's version have seen everything.
+                st.position = end_of(rv);
+                st.from = st.position;
+            } else {
+                st.position = st.position.max(end_of(rv));
+            }
+        }
+        // Before `self` is dropped, which takes the lock again.
+        drop(st);
+    }
+}
+
+impl Drop for Listing<'_> {
+    fn drop(&mut self) {
+        let mut st = self.mirror.lock();
+        if self.first {
+            st.from = st.position;
+        }
+        st.recording = true;
     }
 }
 
 #[derive(Default)]
 struct MirrorState {
     blocks: HashMap<String, Stored>,
-    words: Interner,
+    words: Words,
+    /// Words known after they were last pruned.
+    words_pruned: usize,
+    /// Whether changes go to the log (not while the first list is applied).
+    recording: bool,
     /// (hash of the attachment or of the pod's namespace and name, address).
     by_attachment: BTreeSet<(u64, IpAddr)>,
     by_pod: BTreeSet<(u64, IpAddr)>,
@@ -279,32 +315,22 @@ impl Mirror {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts over from a full list at `rv`: blocks that changed since the mirror last saw them
-    /// are reported as changes, so readers follow on without a resync.
-    pub fn reset(&self, blocks: Vec<Block>, rv: &str, at: u64) {
+    /// Starts over from a full list, applied page by page as it is read ([`Listing`]): blocks
+    /// that changed since the mirror last saw them are reported as changes, so readers follow
+    /// on without a resync. Each page's blocks are kept as they arrive, so a list of 100,000
+    /// claims never sits in memory decoded in full beside the mirror (the agent's resident set
+    /// would keep much of that peak).
+    pub fn begin_list(&self) -> Listing<'_> {
         let mut st = self.lock();
-        let listed: BTreeSet<String> = blocks.iter().map(|b| b.name.clone()).collect();
-        let gone: Vec<String> = st
-            .blocks
-            .keys()
-            .filter(|n| !listed.contains(*n))
-            .cloned()
-            .collect();
-        for b in blocks {
-            st.apply(b.name.clone(), Some(b), None, at);
-        }
-        for name in gone {
-            st.apply(name, None, Some(rv), at);
-        }
-        st.words.prune();
-        if let Some(rv) = rv_number(rv) {
-            if st.log.is_empty() && st.position < end_of(rv) {
-                // Nothing to report: readers behind the list's version have seen everything.
-                st.position = end_of(rv);
-                st.from = st.position;
-            } else {
-                st.position = st.position.max(end_of(rv));
-            }
+        // The first list is not recorded as changes: nobody can have read anything before it
+        // (a reader from before it is told to resync), and 100,000 claims would otherwise stay
+        // in the log as 5 MB of changes nobody reads.
+        let first = st.position == 0 && st.log.is_empty();
+        st.recording = !first;
+        Listing {
+            mirror: self,
+            listed: HashSet::new(),
+            first,
         }
     }
 
@@ -315,7 +341,8 @@ impl Mirror {
     }
 
     pub fn block(&self, name: &str) -> Option<Block> {
-        self.lock().blocks.get(name).map(|b| b.expand(name))
+        let st = self.lock();
+        st.blocks.get(name).map(|b| b.expand(name, &st.words))
     }
 
     /// The claims whose index key is `key`, that `belongs` says are the ones asked for.
@@ -333,7 +360,7 @@ impl Mirror {
                 let block = st
                     .blocks
                     .get(&allot_core::block::block_name(&block_of(a)))?;
-                Some(block.claims.get(&a)?.claim(a))
+                Some(block.claim(block.get(a)?, &st.words))
             })
             .filter(|c| belongs(c))
             .collect()
@@ -365,7 +392,7 @@ impl Mirror {
         let mut claims: Vec<Claim> = st
             .blocks
             .values()
-            .flat_map(|b| b.claims.iter().map(|(a, h)| h.claim(*a)))
+            .flat_map(|b| b.iter().map(|(_, h)| b.claim(h, &st.words)))
             .filter(|c| keep(c))
             .collect();
         claims.sort_by_key(|c| c.address);
@@ -380,7 +407,7 @@ impl Mirror {
             .flat_map(|b| {
                 b.released
                     .iter()
-                    .filter(|(a, at)| **at >= released_since && !b.claims.contains_key(a))
+                    .filter(|(a, at)| **at >= released_since && !b.contains(**a))
                     .map(|(a, at)| (*a, *at))
             })
             .collect();
@@ -391,12 +418,12 @@ impl Mirror {
             .map(|(pool, c)| (pool.clone(), c.address()))
             .collect();
         cursors.sort();
-        let mut claims: Vec<Claim> = st
+        let mut claims: Vec<Taken> = st
             .blocks
             .values()
-            .flat_map(|b| b.claims.iter().map(|(a, h)| h.claim(*a)))
+            .flat_map(|b| b.taken(&st.words))
             .collect();
-        claims.sort_by_key(|c| c.address);
+        claims.sort();
         Snapshot {
             revision: st.position,
             claims,
@@ -428,9 +455,7 @@ impl Mirror {
         let mut out: Vec<(String, String)> = st
             .blocks
             .iter()
-            .filter(|(_, b)| {
-                b.claims.is_empty() && b.released.values().all(|at| *at < cooled_before)
-            })
+            .filter(|(_, b)| b.is_empty() && b.released.values().all(|at| *at < cooled_before))
             .filter_map(|(name, b)| Some((name.clone(), b.version.clone()?)))
             .collect();
         out.sort();
@@ -445,7 +470,7 @@ impl Mirror {
         if st
             .blocks
             .get(name)
-            .is_some_and(|b| b.claims.is_empty() && b.version.as_deref() == Some(version))
+            .is_some_and(|b| b.is_empty() && b.version.as_deref() == Some(version))
         {
             st.blocks.remove(name);
         }
@@ -454,15 +479,12 @@ impl Mirror {
     /// Blocks and claims held (for measurements).
     pub fn counts(&self) -> (usize, usize) {
         let st = self.lock();
-        (
-            st.blocks.len(),
-            st.blocks.values().map(|b| b.claims.len()).sum(),
-        )
+        (st.blocks.len(), st.blocks.values().map(|b| b.len()).sum())
     }
 }
 
 impl MirrorState {
-    fn apply(&mut self, name: String, next: Option<Block>, deleted_at: Option<&str>, at: u64) {
+    fn apply(&mut self, name: String, mut next: Option<Block>, deleted_at: Option<&str>, at: u64) {
         let version = match &next {
             Some(b) => b.version.clone(),
             None => deleted_at.map(str::to_string),
@@ -479,44 +501,48 @@ impl MirrorState {
         if !newer {
             return;
         }
-        let first_seen = held.is_none();
-        let before = held.map(|b| b.claims.clone()).unwrap_or_default();
-        let next: Option<Stored> = next.map(|b| Stored {
-            claims: b
-                .claims
-                .iter()
-                .map(|(a, c)| (*a, Held::new(c, &mut self.words)))
-                .collect(),
-            cidr: b.cidr,
-            node: b.node,
-            version: b.version,
-            kept: b.kept,
-            released: b.released,
-        });
+        if let Some(b) = &mut next {
+            // Only the block's own addresses (what the decoder keeps; a claim elsewhere was
+            // never made here): the mirror keeps nothing else, so indexes nothing else.
+            let cidr = b.cidr;
+            b.claims.retain(|a, _| slot_of(&cidr, *a).is_some());
+        }
+        let before = self.blocks.remove(&name);
+        let first_seen = before.is_none();
         let empty = BTreeMap::new();
         let after = next.as_ref().map(|b| &b.claims).unwrap_or(&empty);
         let mut changes: Vec<(IpAddr, ChangeKind, u64)> = Vec::new();
-        for (a, old) in &before {
-            match after.get(a) {
-                None => {
-                    let when = next
-                        .as_ref()
-                        .and_then(|b| b.released.get(a).copied())
-                        .unwrap_or(at);
-                    changes.push((*a, ChangeKind::Released, when));
+        if let Some(old) = &before {
+            for (a, h) in old.iter() {
+                match after.get(&a) {
+                    None => {
+                        let when = next
+                            .as_ref()
+                            .and_then(|b| b.released.get(&a).copied())
+                            .unwrap_or(at);
+                        changes.push((a, ChangeKind::Released, when));
+                    }
+                    Some(new) if !old.matches(h, new, &self.words) => {
+                        changes.push((a, ChangeKind::Updated, at))
+                    }
+                    Some(_) => {}
                 }
-                Some(new) if new != old => changes.push((*a, ChangeKind::Updated, at)),
-                Some(_) => {}
+                let (attachment, pod) = old.keys(h, &self.words);
+                if let Some(k) = attachment {
+                    self.by_attachment.remove(&(k, a));
+                }
+                self.by_pod.remove(&(pod, a));
             }
         }
-        for a in after.keys().filter(|a| !before.contains_key(a)) {
-            changes.push((*a, ChangeKind::Claimed, at));
-        }
-        for (a, h) in &before {
-            self.unindex(*a, h);
-        }
-        for (a, h) in after {
-            self.index(*a, h);
+        for (a, c) in after {
+            if !before.as_ref().is_some_and(|old| old.contains(*a)) {
+                changes.push((*a, ChangeKind::Claimed, at));
+            }
+            if let Some(attachment) = &c.attachment {
+                self.by_attachment.insert((attachment_key(attachment), *a));
+            }
+            self.by_pod
+                .insert((pod_key(&c.pod.namespace, &c.pod.name), *a));
         }
         let base = version.as_deref().and_then(rv_number).map(|rv| rv << 16);
         let count = changes.len() as u64;
@@ -530,54 +556,146 @@ impl MirrorState {
                 let cursor = if first_seen {
                     // Claims of a block seen for the first time (a list): the latest stands
                     // for its pool's cursor until this store sees a newer claim.
-                    Cursor::Listed(c.updated_at(), address)
+                    Cursor::Listed(c.updated_at, address)
                 } else {
                     Cursor::Seen(position, address)
                 };
-                let e = self.cursors.entry(c.pool().to_string()).or_insert(cursor);
-                if cursor > *e {
-                    *e = cursor;
+                match self.cursors.get_mut(&c.pool) {
+                    Some(e) => *e = cursor.max(*e),
+                    None => {
+                        self.cursors.insert(c.pool.clone(), cursor);
+                    }
                 }
             }
-            self.log.push_back(Change {
-                revision: position,
-                address,
-                kind,
-                at: when,
-            });
+            if self.recording {
+                self.log.push_back(Change {
+                    revision: position,
+                    address,
+                    kind,
+                    at: when,
+                });
+            }
         }
         while self.log.len() > LOG_LIMIT {
             let dropped = self.log.pop_front().expect("non-empty");
             self.from = dropped.revision;
         }
-        match next {
-            Some(b) => {
-                self.blocks.insert(name, b);
-            }
-            None => {
-                self.blocks.remove(&name);
-            }
+        if let Some(b) = next {
+            let stored = Stored::new(b, &mut self.words);
+            self.blocks.insert(name, stored);
+        }
+        if self.words.len() > 2 * self.words_pruned + 1024 {
+            self.prune_words();
         }
     }
 
-    fn index(&mut self, address: IpAddr, h: &Held) {
-        if let Some(k) = h.attachment_key() {
-            self.by_attachment.insert((k, address));
-        }
-        self.by_pod.insert((h.pod_key(), address));
-    }
-
-    fn unindex(&mut self, address: IpAddr, h: &Held) {
-        if let Some(k) = h.attachment_key() {
-            self.by_attachment.remove(&(k, address));
-        }
-        self.by_pod.remove(&(h.pod_key(), address));
+    /// Forgets the words no claim uses any more (pods' owners and namespaces come and go).
+    fn prune_words(&mut self) {
+        let used: HashSet<Word> = self.blocks.values().flat_map(Stored::words).collect();
+        self.words.keep_only(&used);
+        self.words_pruned = self.words.len();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn block_with(cidr: &str, version: &str, pods: &[(&str, &str)]) -> Block {
+        let cidr: IpNet = cidr.parse().unwrap();
+        let mut b = Block::empty(allot_core::block::block_name(&cidr), cidr, None);
+        b.version = Some(version.into());
+        for (address, pod) in pods {
+            let address: IpAddr = address.parse().unwrap();
+            let claim = Claim {
+                address,
+                pool: "p".into(),
+                network: "n".into(),
+                attachment: Some(Attachment {
+                    container_id: format!("c-{pod}"),
+                    interface: "eth0".into(),
+                }),
+                pod: PodRef {
+                    namespace: "ns".into(),
+                    name: (*pod).into(),
+                    uid: format!("u-{pod}"),
+                    owner_kind: None,
+                    owner_name: None,
+                },
+                node: "a".into(),
+                updated_at: 1,
+            };
+            b.claims.insert(address, claim);
+        }
+        b
+    }
+
+    fn kinds(changes: Changes) -> Vec<(String, ChangeKind)> {
+        match changes {
+            Changes::Since { changes, .. } => changes
+                .into_iter()
+                .map(|c| (c.address.to_string(), c.kind))
+                .collect(),
+            Changes::Compacted => panic!("compacted"),
+        }
+    }
+
+    /// Lists arrive in pages: the first is not recorded as changes (a reader from before it
+    /// resyncs); a later one reports what changed, including blocks that are gone; one that
+    /// fails midway keeps what it applied, and a first one still sends earlier readers to a
+    /// resync.
+    #[test]
+    fn lists_applied_page_by_page_report_what_changed_since_the_last() {
+        let mirror = Mirror::default();
+        let mut list = mirror.begin_list();
+        list.page([block_with("10.0.0.0/26", "5", &[("10.0.0.1", "a")])], 1);
+        list.page([block_with("10.0.0.64/26", "6", &[("10.0.0.65", "b")])], 1);
+        list.finish("7", 1);
+        assert!(matches!(mirror.changes_since(0), Changes::Compacted));
+        let snapshot = mirror.snapshot(0);
+        assert_eq!(snapshot.revision, end_of(7));
+        assert_eq!(snapshot.claims.len(), 2);
+        assert_eq!(mirror.claims_of_pod("ns", "b").len(), 1);
+        assert!(kinds(mirror.changes_since(end_of(7))).is_empty());
+
+        // Relisted at 9: block 0 gained a claim, block 64 is gone.
+        let mut list = mirror.begin_list();
+        list.page(
+            [block_with(
+                "10.0.0.0/26",
+                "8",
+                &[("10.0.0.1", "a"), ("10.0.0.2", "c")],
+            )],
+            2,
+        );
+        list.finish("9", 2);
+        assert_eq!(
+            kinds(mirror.changes_since(end_of(7))),
+            [
+                ("10.0.0.2".to_string(), ChangeKind::Claimed),
+                ("10.0.0.65".to_string(), ChangeKind::Released)
+            ]
+        );
+        assert!(mirror.claims_of_pod("ns", "b").is_empty());
+        assert_eq!(mirror.claims_of_pod("ns", "c").len(), 1);
+
+        // A first list that fails after a page: its blocks stay, readers resync, and the next
+        // list is recorded.
+        let mirror = Mirror::default();
+        let mut list = mirror.begin_list();
+        list.page([block_with("10.0.0.0/26", "5", &[("10.0.0.1", "a")])], 1);
+        drop(list);
+        assert_eq!(mirror.counts(), (1, 1));
+        assert!(matches!(mirror.changes_since(0), Changes::Compacted));
+        let at = mirror.snapshot(0).revision;
+        let mut list = mirror.begin_list();
+        list.page([block_with("10.0.0.0/26", "8", &[])], 2);
+        list.finish("9", 2);
+        assert_eq!(
+            kinds(mirror.changes_since(at)),
+            [("10.0.0.1".to_string(), ChangeKind::Released)]
+        );
+    }
 
     /// A block's replace carries what others set in its metadata, and allot's own label.
     #[test]

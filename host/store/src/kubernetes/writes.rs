@@ -64,20 +64,20 @@ impl Backend {
         // (the first page's resourceVersion). An expired continue token fails the relist,
         // which the follower retries from the start.
         let mut params = kube::api::ListParams::default().limit(LIST_PAGE);
-        let mut blocks = Vec::new();
+        let mut listing = self.mirror.begin_list();
         let mut rv = None;
         loop {
             self.count();
             let page = request("listing IPBlocks", self.api.list(&params)).await?;
             rv.get_or_insert_with(|| page.metadata.resource_version.clone().unwrap_or_default());
-            blocks.extend(page.items.iter().map(Block::from_object));
+            listing.page(page.items.iter().map(Block::from_object), self.now());
             match page.metadata.continue_.filter(|t| !t.is_empty()) {
                 Some(token) => params = params.continue_token(&token),
                 None => break,
             }
         }
         let rv = rv.unwrap_or_default();
-        self.mirror.reset(blocks, &rv, self.now());
+        listing.finish(&rv, self.now());
         Ok(rv)
     }
 
