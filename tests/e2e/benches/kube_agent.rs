@@ -68,19 +68,22 @@ fn blocks(claims: usize) -> Vec<Value> {
     out
 }
 
+/// A size the kernel reports for the agent's process (`VmRSS:`, `VmHWM:`), in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
 /// The agent's resident set, read once it has settled (three equal readings 500 ms apart).
 fn rss_mib(agent: &Agent) -> f64 {
     let pid = agent.pid().expect("running");
-    let read = || {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap();
-        kib / 1024.0
-    };
+    let read = || status_mib(pid, "VmRSS:");
     let mut last = read();
     let mut same = 0;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -107,9 +110,11 @@ fn measure(server: &str, kubeconfig: &Path, n: usize, blocks: usize) -> f64 {
     let held = usage.iter().map(|p| p.total - p.free).sum::<u64>();
     assert_eq!(held as usize, n, "the agent sees every claim");
     let rss = rss_mib(&agent);
+    // The highest resident set since start: what a memory limit must allow.
+    let peak = status_mib(agent.pid().expect("running"), "VmHWM:");
     println!(
         "{server}: {n:>7} claims in {blocks:>5} IPBlocks: agent ready in {:>6.0} ms, resident \
-         {rss:>6.1} MiB",
+         {rss:>6.1} MiB (peak {peak:>6.1} MiB)",
         ready.as_secs_f64() * 1e3
     );
     rss
