@@ -24,6 +24,28 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install --locked cargo-nextest
 fi
 
+# Rust's build artifacts: a fresh clone builds into a directory outside it (target/ links
+# there), one per toolchain, so the next clone (CI's next run) reuses every dependency compiled
+# before instead of building the workspace cold. Cargo never deletes old artifacts, so the
+# directory starts afresh once it passes ALLOT_CARGO_CACHE_MAX_GB (default 30). A clone that
+# has its own target/ (or sets CARGO_TARGET_DIR) keeps it.
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+if [ ! -e "$ROOT/target" ] && [ ! -L "$ROOT/target" ] && [ -z "${CARGO_TARGET_DIR:-}" ]; then
+    key="$(rustc -vV | sha256sum | cut -c1-16)"
+    cache="${ALLOT_CARGO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/allot/cargo}/$key"
+    max_gb="${ALLOT_CARGO_CACHE_MAX_GB:-30}"
+    if [ -d "$cache" ] && [ "$(du -sk "$cache" | cut -f1)" -gt $((max_gb * 1024 * 1024)) ]; then
+        echo "setup: the cached Rust build in $cache passed $max_gb GB; starting it afresh"
+        rm -rf "$cache"
+    fi
+    mkdir -p "$cache"
+    ln -s "$cache" "$ROOT/target"
+    echo "setup: Rust builds go to $cache (target/ links there)"
+elif [ -L "$ROOT/target" ] && [ ! -e "$ROOT/target" ]; then
+    # The cache was removed under an earlier clone: start it again where target/ points.
+    mkdir -p "$(readlink "$ROOT/target")"
+fi
+
 # Debian packages the tests use. Each line: the command that proves it is installed, the package.
 missing=()
 while read -r probe package; do
