@@ -271,7 +271,7 @@ impl Drop for Listing<'_> {
         if self.first {
             st.from = st.position;
         }
-        st.recording = true;
+        st.quiet = false;
     }
 }
 
@@ -281,8 +281,8 @@ struct MirrorState {
     words: Words,
     /// Words known after they were last pruned.
     words_pruned: usize,
-    /// Whether changes go to the log (not while the first list is applied).
-    recording: bool,
+    /// Changes are not logged: the first list is being applied.
+    quiet: bool,
     /// (hash of the attachment or of the pod's namespace and name, address).
     by_attachment: BTreeSet<(u64, IpAddr)>,
     by_pod: BTreeSet<(u64, IpAddr)>,
@@ -326,7 +326,7 @@ impl Mirror {
         // (a reader from before it is told to resync), and 100,000 claims would otherwise stay
         // in the log as 5 MB of changes nobody reads.
         let first = st.position == 0 && st.log.is_empty();
-        st.recording = !first;
+        st.quiet = first;
         Listing {
             mirror: self,
             listed: HashSet::new(),
@@ -567,7 +567,7 @@ impl MirrorState {
                     }
                 }
             }
-            if self.recording {
+            if !self.quiet {
                 self.log.push_back(Change {
                     revision: position,
                     address,
