@@ -28,6 +28,7 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 
 pub mod objects;
 pub mod peers;
+pub mod sandboxes;
 
 /// The release and its namespace, as the README installs them.
 pub const RELEASE: &str = "allot";

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use allot_cluster_tests::objects::{
     Workload, claims, claims_in, endpoint_ips, pod_ips, pool_counts, pool_yaml, pools_annotation,
 };
+use allot_cluster_tests::sandboxes::shared_addresses;
 use allot_cluster_tests::{NAMESPACE, Suite};
 use allot_lab::node::cni::Attachment;
 use allot_lab::testing::wait_for;
@@ -17,49 +18,22 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
 
-/// Every sandbox of namespace `ns` the nodes' runtimes have networked and not yet torn down
-/// (the CNI result cache, kept as containerd keeps it), with its node: what answers on the
-/// underlay. Nodes in `except` (stopped ones, their pods declared gone) are left out.
+/// Every sandbox of namespace `ns` the nodes' runtimes have networked and not yet torn down,
+/// with its node. Nodes in `except` (stopped ones, their pods declared gone) are left out.
 fn sandboxes(s: &Suite, ns: &str, except: &[&str]) -> Vec<(String, Attachment)> {
-    let mut out = Vec::new();
-    for node in s.lab.nodes() {
-        if except.contains(&node.name.as_str()) {
-            continue;
-        }
-        let dir = node.root.join("var/lib/cni/results");
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let Ok(bytes) = std::fs::read(entry.path()) else {
-                continue;
-            };
-            // A result being written reads short; the next look sees it whole.
-            let Ok(attachment) = serde_json::from_slice::<Attachment>(&bytes) else {
-                continue;
-            };
-            if attachment.pod.namespace == ns {
-                out.push((node.name.clone(), attachment));
-            }
-        }
-    }
-    out
+    let nodes: Vec<_> = s
+        .lab
+        .nodes()
+        .into_iter()
+        .filter(|n| !except.contains(&n.name.as_str()))
+        .collect();
+    allot_cluster_tests::sandboxes::sandboxes(&nodes, ns)
 }
 
 /// Fails when one address is configured in the sandboxes of two pods (two UIDs).
 fn no_address_in_two_sandboxes(s: &Suite, ns: &str, except: &[&str]) {
-    let mut seen: BTreeMap<IpAddr, (String, Attachment)> = BTreeMap::new();
-    for (node, a) in sandboxes(s, ns, except) {
-        for ip in a.pod_ips() {
-            match seen.get(&ip) {
-                Some((first_node, first)) => assert_eq!(
-                    first.pod.uid, a.pod.uid,
-                    "{ip} answers in two sandboxes: pod {} ({}) on {first_node} and pod {} ({}) \
-                     on {node}",
-                    first.pod.name, first.pod.uid, a.pod.name, a.pod.uid
-                ),
-                None => {
-                    seen.insert(ip, (node.clone(), a.clone()));
-                }
-            }
-        }
+    if let Some(shared) = shared_addresses(&sandboxes(s, ns, except)).first() {
+        panic!("{shared}");
     }
 }
 

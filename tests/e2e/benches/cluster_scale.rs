@@ -19,7 +19,9 @@
 //! audit log grouped by user: the IPAM's own components, the rest), the CPU time of the IPAM's
 //! processes on each node and of the control plane (from `/proc`); per IPAM, its processes'
 //! resident memory and the load its watches put on the API server (watches held, what each
-//! of its processes lists at start), extrapolated to 1,000 nodes.
+//! of its processes lists at start), extrapolated to 1,000 nodes; and, sampled every second
+//! through every phase from the nodes' CNI result caches, any address configured in two pods'
+//! sandboxes at once (the peers' known failure, `tests/cluster/tests/peer_failures.rs`).
 //!
 //! A phase not done within `ALLOT_BENCH_LIMIT_SECONDS` (900) is stopped and reported with how
 //! many pods it addressed. A peer whose binaries are not built is skipped with a line.

@@ -123,6 +123,15 @@ pub fn print(config: &Config, results: &[IpamResult]) {
     );
     for r in results {
         println!("\n{}: memory and watch load", r.ipam.name());
+        println!(
+            "  addresses answering in two pods' sandboxes at once: {} (in two samples a second apart; {} \
+             samples through every phase)",
+            r.shared.seen.len(),
+            r.shared.samples
+        );
+        for shared in r.shared.seen.iter().take(5) {
+            println!("    {shared}");
+        }
         let max = |v: &[(f64, f64)], hwm: bool| {
             v.iter()
                 .map(|(rss, peak)| if hwm { *peak } else { *rss })
