@@ -25,25 +25,36 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 # Rust's build artifacts: a fresh clone builds into a directory outside it (target/ links
-# there), one per toolchain, so the next clone (CI's next run) reuses every dependency compiled
-# before instead of building the workspace cold. Cargo never deletes old artifacts, so the
-# directory starts afresh once it passes ALLOT_CARGO_CACHE_MAX_GB (default 30). A clone that
-# has its own target/ (or sets CARGO_TARGET_DIR) keeps it.
+# there), one per toolchain and clone path, so the next clone at the same path (CI's next run)
+# reuses every dependency compiled before instead of building the workspace cold. Per path
+# because cargo judges a workspace crate fresh by its files' times: a clone elsewhere with
+# older files could be given another clone's build. The least recently used builds are removed
+# while all of them pass ALLOT_CARGO_CACHE_MAX_GB (default 30; cargo itself never deletes old
+# artifacts). A clone that has its own target/ (or sets CARGO_TARGET_DIR) keeps it.
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cache_root="${ALLOT_CARGO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/allot/cargo}"
 if [ ! -e "$ROOT/target" ] && [ ! -L "$ROOT/target" ] && [ -z "${CARGO_TARGET_DIR:-}" ]; then
-    key="$(rustc -vV | sha256sum | cut -c1-16)"
-    cache="${ALLOT_CARGO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/allot/cargo}/$key"
-    max_gb="${ALLOT_CARGO_CACHE_MAX_GB:-30}"
-    if [ -d "$cache" ] && [ "$(du -sk "$cache" | cut -f1)" -gt $((max_gb * 1024 * 1024)) ]; then
-        echo "setup: the cached Rust build in $cache passed $max_gb GB; starting it afresh"
-        rm -rf "$cache"
-    fi
-    mkdir -p "$cache"
-    ln -s "$cache" "$ROOT/target"
-    echo "setup: Rust builds go to $cache (target/ links there)"
-elif [ -L "$ROOT/target" ] && [ ! -e "$ROOT/target" ]; then
-    # The cache was removed under an earlier clone: start it again where target/ points.
-    mkdir -p "$(readlink "$ROOT/target")"
+    key="$({ rustc -vV; echo "$ROOT"; } | sha256sum | cut -c1-16)"
+    mkdir -p "$cache_root/$key"
+    ln -s "$cache_root/$key" "$ROOT/target"
+    echo "setup: Rust builds go to $cache_root/$key (target/ links there)"
+fi
+build="$(readlink "$ROOT/target" || true)"
+if [ -n "$build" ] && [ "$(dirname "$build")" = "$cache_root" ]; then
+    # Recreated if it was removed under an earlier clone; marked as just used.
+    mkdir -p "$build"
+    touch "$build"
+    max_kb=$(( ${ALLOT_CARGO_CACHE_MAX_GB:-30} * 1024 * 1024 ))
+    total=$(du -sk "$cache_root" | cut -f1)
+    # Oldest first, never the one in use.
+    for old in $(ls -1tr "$cache_root"); do
+        [ "$total" -le "$max_kb" ] && break
+        [ "$cache_root/$old" = "$build" ] && continue
+        size=$(du -sk "$cache_root/$old" | cut -f1)
+        echo "setup: removing the least recently used Rust build $cache_root/$old ($((size / 1024)) MiB)"
+        rm -rf "${cache_root:?}/$old"
+        total=$((total - size))
+    done
 fi
 
 # Debian packages the tests use. Each line: the command that proves it is installed, the package.
