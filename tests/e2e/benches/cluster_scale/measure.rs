@@ -1,13 +1,19 @@
 //! What a phase cost, read where the cluster keeps it: the API server's own counters
 //! (`/metrics`), its audit log (each request's user, user agent, verb and URI), the nodes' log
-//! of CNI ADD durations (`allot_lab::node::cni::ADD_LOG`) and `/proc` (CPU time and resident
-//! memory of processes).
+//! of CNI ADD durations (`allot_lab::node::cni::ADD_LOG`), `/proc` (CPU time and resident
+//! memory of processes) and the nodes' CNI result caches (addresses in two sandboxes).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use allot_cluster_tests::sandboxes::{Shared, sandboxes, shared_addresses};
+use allot_lab::NodeInfo;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -304,4 +310,43 @@ pub fn quantile(values: &mut [f64], q: f64) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
     values[rank - 1]
+}
+
+/// What the sampler of the nodes' sandboxes saw (the CNI result cache, whichever IPAM): the
+/// failure users of Spiderpool (#1187, #3751) and Whereabouts (#176) reported, one address
+/// answering in two pods, looked for every second through every phase. A pair counts when two
+/// samples a second apart both see it: a sandbox whose DEL has released its address is torn
+/// down within milliseconds, and a sample that reads the nodes one after another can catch its
+/// file beside the next pod's.
+#[derive(Clone, Debug, Default)]
+pub struct Sharing {
+    pub samples: usize,
+    /// Each address and pair of pods seen sharing it, once.
+    pub seen: BTreeSet<Shared>,
+}
+
+/// Samples the sandboxes of `ns` on `nodes` every second until `stop` is set.
+pub fn sample_sharing(
+    nodes: Vec<NodeInfo>,
+    ns: String,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Sharing> {
+    std::thread::spawn(move || {
+        let mut sharing = Sharing::default();
+        let mut last = BTreeSet::new();
+        while !stop.load(Ordering::Relaxed) {
+            let found: BTreeSet<Shared> = shared_addresses(&sandboxes(&nodes, &ns))
+                .into_iter()
+                .collect();
+            sharing.samples += 1;
+            for shared in found.intersection(&last) {
+                if sharing.seen.insert(shared.clone()) {
+                    println!("  ({shared})");
+                }
+            }
+            last = found;
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        sharing
+    })
 }

@@ -1,13 +1,11 @@
 //! One IPAM through every phase, and what each phase cost.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use allot_cluster_tests::Suite;
-use allot_cluster_tests::sandboxes::{Shared, sandboxes, shared_addresses};
-use allot_lab::NodeInfo;
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -102,46 +100,7 @@ pub struct IpamResult {
     pub rss: Vec<(f64, f64)>,
     pub cluster_rss: Vec<(f64, f64)>,
     /// Addresses seen configured in two pods' sandboxes at once, through every phase.
-    pub shared: Sharing,
-}
-
-/// What the sampler of the nodes' sandboxes saw (the CNI result cache, whichever IPAM): the
-/// failure users of Spiderpool (#1187, #3751) and Whereabouts (#176) reported, one address
-/// answering in two pods, looked for every second through every phase. A pair counts when two
-/// samples a second apart both see it: a sandbox whose DEL has released its address is torn
-/// down within milliseconds, and a sample that reads the nodes one after another can catch its
-/// file beside the next pod's.
-#[derive(Clone, Debug, Default)]
-pub struct Sharing {
-    pub samples: usize,
-    /// Each address and pair of pods seen sharing it, once.
-    pub seen: BTreeSet<Shared>,
-}
-
-/// Samples the sandboxes of `ns` on `nodes` every second until `stop` is set.
-fn sample_sharing(
-    nodes: Vec<NodeInfo>,
-    ns: String,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Sharing> {
-    std::thread::spawn(move || {
-        let mut sharing = Sharing::default();
-        let mut last = BTreeSet::new();
-        while !stop.load(Ordering::Relaxed) {
-            let found: BTreeSet<Shared> = shared_addresses(&sandboxes(&nodes, &ns))
-                .into_iter()
-                .collect();
-            sharing.samples += 1;
-            for shared in found.intersection(&last) {
-                if sharing.seen.insert(shared.clone()) {
-                    println!("  ({shared})");
-                }
-            }
-            last = found;
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        sharing
-    })
+    pub shared: measure::Sharing,
 }
 
 /// Every benchmark pod's first sighting, first address and deletion, as a watch saw them.
@@ -520,7 +479,7 @@ pub async fn run_ipam(s: &Suite, config: &Config, ipam: Ipam) -> Result<IpamResu
     let ns = s.namespace(&format!("bench-{}", ipam.name())).await;
     let (seen, watching) = track(s.client.clone(), &ns);
     let stop_sampling = Arc::new(AtomicBool::new(false));
-    let sampling = sample_sharing(nodes.clone(), ns.clone(), stop_sampling.clone());
+    let sampling = measure::sample_sharing(nodes.clone(), ns.clone(), stop_sampling.clone());
     let mut meter = Meter {
         s,
         ipam,
