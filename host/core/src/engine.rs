@@ -662,11 +662,15 @@ impl<S: Store, P: Policy> Engine<S, P> {
         mut kept: Vec<Claim>,
     ) -> Result<Vec<Reattach>, AllocError> {
         // Of the holder's claims (`kept`), the detached ones; a VM's addresses on its other
-        // networks are for its other NICs.
+        // networks are for its other NICs. A claim of no network is one `allotctl migrate` made
+        // where the peer did not record the network (Spiderpool): it is this NIC's if its pool
+        // is (below), and taking it back records the network.
         kept.retain(|c| {
             c.attachment.is_none()
                 && c.pod.same_holder(pod)
-                && (pod.virtual_machine().is_none() || c.network == req.network)
+                && (pod.virtual_machine().is_none()
+                    || c.network == req.network
+                    || c.network.is_empty())
         });
         let mut out = Vec::new();
         for fam in wanted {
@@ -700,8 +704,8 @@ impl<S: Store, P: Policy> Engine<S, P> {
                     format!(
                         "interface {} of virtual machine {}/{vm} cannot keep its address {} \
                          of pool {}: {}; the VM gets no other address instead (allow the \
-                         pool for this pod on node {}, or release the address with allotctl \
-                         ipam release to give the VM a new one)",
+                         pool for this pod on node {}, or release the address with `allotctl \
+                         ipam release --virtual-machine {}/{vm}` to give the VM a new one)",
                         req.attachment.interface,
                         pod.namespace,
                         k.address,
@@ -711,6 +715,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
                             _ => "the policy does not allow that pool here".to_string(),
                         },
                         self.node,
+                        pod.namespace,
                     ),
                 )));
             }
@@ -719,6 +724,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
                     address: k.address,
                     pod: pod.clone(),
                     attachment: req.attachment.clone(),
+                    network: req.network.clone(),
                     node: self.node.clone(),
                     now,
                 });

@@ -101,6 +101,19 @@ impl PodRef {
 /// VirtualMachineInstance, named (as KubeVirt names it) after its VirtualMachine; a bare
 /// VirtualMachineInstance counts as a VM of its name.
 pub const VIRTUAL_MACHINE_KIND: &str = "VirtualMachine";
+
+/// The owner kind a claim records for a pod whose controller (reference) is `kind` of
+/// `api_version`: a KubeVirt VirtualMachineInstance stands for its virtual machine
+/// ([`VIRTUAL_MACHINE_KIND`]), whose address every launcher pod of it shares; any other kind is
+/// itself.
+pub fn holder_kind<'a>(api_version: &str, kind: &'a str) -> &'a str {
+    let kubevirt = api_version.split('/').next() == Some("kubevirt.io");
+    if kubevirt && kind == "VirtualMachineInstance" {
+        VIRTUAL_MACHINE_KIND
+    } else {
+        kind
+    }
+}
 /// `PodRef::namespace` of a quarantined address.
 pub const QUARANTINE_NAMESPACE: &str = "allot.quarantine";
 /// `PodRef::owner_kind` of a quarantined address.
@@ -159,6 +172,10 @@ pub struct Reattach {
     /// namespace and name, or the same virtual machine), with its UID and owner.
     pub pod: PodRef,
     pub attachment: Attachment,
+    /// The CNI network the attachment is on: the claim's from now on. It is the claim's own but
+    /// for a claim a migration made without knowing its network (empty), which the first ADD
+    /// taking it back tells.
+    pub network: String,
     /// The node taking it back (a StatefulSet pod may come back on another node).
     pub node: String,
     /// Unix seconds, the claim's new `updated_at`.
@@ -282,7 +299,7 @@ pub trait Store: Send + Sync {
     /// belongs to the same holder ([`PodRef::same_holder`]); fails with [`StoreError::Stale`]
     /// otherwise.
     /// The claim takes the new pod's UID and owner (a restarted StatefulSet pod has a new UID, and
-    /// GC compares UIDs) and the node taking it back.
+    /// GC compares UIDs), the network of the new attachment and the node taking it back.
     fn reattach(&self, reattach: Reattach) -> Result<Claim, StoreError> {
         let address = reattach.address;
         let mut claims = self.claim_batch(&[], &[reattach])?;
@@ -563,6 +580,7 @@ impl Store for MemoryStore {
             let c = state.claims.get_mut(&r.address).expect("checked above");
             c.attachment = Some(r.attachment.clone());
             c.pod = r.pod.clone();
+            c.network = r.network.clone();
             c.node = r.node.clone();
             c.updated_at = r.now;
             out.push(c.clone());

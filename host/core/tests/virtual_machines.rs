@@ -227,3 +227,50 @@ fn each_network_of_a_virtual_machine_keeps_its_own_address() {
         a
     );
 }
+
+/// A VM launcher pod's address carried over by `allotctl migrate` from Spiderpool: the claim
+/// names the VM as its owner and no network (Spiderpool records none) nor node, on a sandbox of
+/// the migration's. The VM's live migration target on another node takes it over exactly as it
+/// takes over allot's own (the same address, never a fresh one: the guest keeps its address),
+/// and from then on the claim records the network and node, as if allot had made it.
+#[test]
+fn a_migrated_virtual_machine_keeps_its_address_through_a_live_migration() {
+    let (_, n2, store) = two_nodes(2);
+    let source = launcher("c1", "virt-launcher-db-aaaaa", "db");
+    let migrated = allot_core::store::Claim {
+        address: "10.0.0.11".parse().unwrap(),
+        pool: "a".into(),
+        network: String::new(),
+        attachment: Some(allot_core::store::Attachment {
+            container_id: allot_core::migrate::migrated_sandbox(
+                allot_core::migrate::Peer::Spiderpool,
+                "uid-source",
+            ),
+            interface: "net1".into(),
+        }),
+        pod: allot_core::store::PodRef {
+            namespace: source.pod.namespace.clone(),
+            name: source.pod.name.clone(),
+            uid: "uid-source".into(),
+            owner_kind: Some(VIRTUAL_MACHINE_KIND.into()),
+            owner_name: Some("db".into()),
+        },
+        node: String::new(),
+        updated_at: 0,
+    };
+    store.claim(std::slice::from_ref(&migrated)).unwrap();
+    n2.sync().unwrap();
+    let mut target = launcher("c2", "virt-launcher-db-bbbbb", "db");
+    target.node.name = "node-2".into();
+    assert_eq!(address(&n2, &target), migrated.address);
+    let held = store.all().unwrap();
+    assert_eq!(held.len(), 1, "one claim, never a second address: {held:?}");
+    assert_eq!(held[0].attachment, Some(att("c2", "net1")));
+    assert_eq!(held[0].network, target.network, "the network is recorded");
+    assert_eq!(held[0].node, "node-2");
+    // The VM's other NIC of the same pool, also migrated without a network, stays its own.
+    assert!(
+        n2.add(&add_req("c9", "eth0", &["a"], &[])).is_ok(),
+        "the pool's other address is free"
+    );
+}

@@ -50,6 +50,7 @@ pub use fleet::{
     IpamAllocationObject, IpamPoolObject, Undecodable,
 };
 pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, Shared, SharedIndex};
+pub use resources::pod_controller;
 pub use workloads::{
     PoolEntry, ScalableKey, ScalableKind, ScaleRead, WorkloadEntry, WorkloadIndex, WorkloadKey,
     WorkloadKind,

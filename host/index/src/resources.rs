@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use allot_core::policy::Owner;
-use allot_core::store::VIRTUAL_MACHINE_KIND;
+use allot_core::store::holder_kind;
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -42,16 +42,11 @@ pub(crate) fn controller(meta: &ObjectMeta) -> Option<Owner> {
 
 /// A pod's controller as allot keys its addresses: a KubeVirt launcher pod's
 /// VirtualMachineInstance stands for its virtual machine (KubeVirt names the instance after its
-/// VirtualMachine), whose address every launcher pod of it shares.
-pub(crate) fn pod_controller(meta: &ObjectMeta) -> Option<Owner> {
+/// VirtualMachine), whose address every launcher pod of it shares (`holder_kind`).
+pub fn pod_controller(meta: &ObjectMeta) -> Option<Owner> {
     let r = controller_ref(meta)?;
-    let kubevirt = r.api_version.split('/').next() == Some("kubevirt.io");
     Some(Owner {
-        kind: if kubevirt && r.kind == "VirtualMachineInstance" {
-            VIRTUAL_MACHINE_KIND.to_string()
-        } else {
-            r.kind.clone()
-        },
+        kind: holder_kind(&r.api_version, &r.kind).to_string(),
         name: r.name.clone(),
     })
 }

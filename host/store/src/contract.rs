@@ -140,7 +140,8 @@ pub fn claim(
     }
 }
 
-/// Gives the detached claim of `address` back to `pod` on `attachment` of [`OTHER_NODE`].
+/// Gives the detached claim of `address` back to `pod` on `attachment` (network `net-a`) of
+/// [`OTHER_NODE`].
 fn reattach(
     store: &dyn Store,
     address: IpAddr,
@@ -152,6 +153,7 @@ fn reattach(
         address,
         pod: pod.clone(),
         attachment: attachment.clone(),
+        network: "net-a".into(),
         node: OTHER_NODE.into(),
         now,
     })
@@ -512,15 +514,16 @@ pub fn detach_of_nothing_is_empty(store: &dyn Store) {
 }
 
 /// The same pod (namespace and name) gets its detached address back on a new attachment; the
-/// claim then carries the new attachment, the new pod's UID and owner, the node it came back on,
-/// and the reattach time.
+/// claim then carries the new attachment, the new pod's UID and owner, the network and node it
+/// came back on (a claim `allotctl migrate` made records no network), and the reattach time.
 pub fn reattach_same_pod_succeeds(store: &dyn Store) {
     let old = attachment("c1", "eth0");
     let before = stateful_pod("db", "pg-0", "uid-1");
-    must(
-        "claim",
-        store.claim(&[claim("10.0.0.1", "p", Some(&old), &before, T0)]),
-    );
+    let migrated = Claim {
+        network: String::new(),
+        ..claim("10.0.0.1", "p", Some(&old), &before, T0)
+    };
+    must("claim", store.claim(&[migrated]));
     must("detach", store.detach(&old, T0 + 10));
 
     let new = attachment("c2", "eth0");

@@ -308,7 +308,8 @@ impl Store for SqliteStore {
                     what,
                     &format!(
                         "UPDATE claims SET container_id = ?2, interface = ?3, pod_name = ?5, \
-                         pod_uid = ?6, owner_kind = ?7, owner_name = ?8, updated_at = ?9, node = ?10 \
+                         pod_uid = ?6, owner_kind = ?7, owner_name = ?8, updated_at = ?9, node = ?10, \
+                         network = ?12 \
                          WHERE address = ?1 AND container_id IS NULL AND interface IS NULL \
                          AND pod_namespace = ?4 AND (pod_name = ?5 OR (owner_kind = ?11 \
                          AND ?7 = ?11 AND owner_name = ?8 AND owner_name != '')) \
@@ -326,6 +327,7 @@ impl Store for SqliteStore {
                         seconds(r.address, r.now)?,
                         r.node,
                         VIRTUAL_MACHINE_KIND,
+                        r.network,
                     ],
                 )?;
                 match claims.pop() {

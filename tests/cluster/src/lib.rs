@@ -26,6 +26,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 
+pub mod kubevirt;
 pub mod objects;
 pub mod peers;
 pub mod sandboxes;

@@ -140,7 +140,9 @@ pub async fn create(
 
 /// A SpiderEndpoint as Spiderpool's agent writes it after an allocation
 /// (`workloadendpointmanager.PatchIPAllocationResults`): named after the pod, all in `status`,
-/// Spiderpool's finalizer, owned by the pod unless a StatefulSet's.
+/// Spiderpool's finalizer, owned by the pod unless a StatefulSet's. A KubeVirt launcher pod's
+/// (owner `VirtualMachineInstance`, with its `enableKubevirtStaticIP`) is named after the
+/// instance instead, and owned by nothing: it is the VM's record.
 pub fn spider_endpoint(
     pod: &Pod,
     owner: (&str, &str),
@@ -148,11 +150,17 @@ pub fn spider_endpoint(
     v6: (&str, IpAddr, u8),
 ) -> Value {
     let m = &pod.metadata;
+    let vm = owner.0 == "VirtualMachineInstance";
+    let name = if vm {
+        Some(owner.1.to_string())
+    } else {
+        m.name.clone()
+    };
     let mut e = json!({
         "apiVersion": "spiderpool.spidernet.io/v2beta1",
         "kind": "SpiderEndpoint",
         "metadata": {
-            "name": m.name, "namespace": m.namespace,
+            "name": name, "namespace": m.namespace,
             "finalizers": ["spiderpool.spidernet.io"],
         },
         "status": {
@@ -172,7 +180,7 @@ pub fn spider_endpoint(
             "ownerControllerName": owner.1,
         },
     });
-    if owner.0 != "StatefulSet" {
+    if owner.0 != "StatefulSet" && !vm {
         e["metadata"]["ownerReferences"] = json!([{
             "apiVersion": "v1", "kind": "Pod", "name": m.name, "uid": m.uid,
             "controller": false, "blockOwnerDeletion": false,

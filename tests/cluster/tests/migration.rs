@@ -5,7 +5,10 @@
 //! those peers write them, recording exactly those addresses; allot installed by the README's
 //! helm install; then `allotctl migrate`, the switch of the nodes' network configuration, and
 //! what users must see: every pod keeps its address, new pods never collide, a StatefulSet pod
-//! restarted gets its address back, and the audit finds nothing.
+//! restarted gets its address back, a KubeVirt VM's launcher pod's addresses stay the VM's
+//! through a live migration (a target on another node takes them, GC never frees them), a run
+//! of the migration after the switch changes nothing allot owns (not a claim GC released since,
+//! not an Endpoint the agent wrote), and the audit finds nothing.
 //!
 //! A lab of its own (the cluster starts without allot): run in the own-lab phase.
 
@@ -14,6 +17,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use allot_cluster_tests::Suite;
+use allot_cluster_tests::kubevirt;
 use allot_cluster_tests::objects::{Workload, claims_in, endpoint_ips, pod_ips};
 use allot_cluster_tests::peers::{
     addresses, crd_files, create, remove_peer_conflist, sandbox_id, spider_endpoint,
@@ -27,6 +31,27 @@ use kube::api::Api;
 use serde_json::json;
 
 const NS: &str = "shop";
+/// The KubeVirt virtual machine whose launcher pod holds Spiderpool addresses.
+const VM: &str = "vm";
+/// A pod Spiderpool still records but that is gone: its address of `sp-v4`.
+const GONE: &str = "198.51.100.215";
+/// The VM's launcher pod before the switch, and its live migration's target after it.
+const SOURCE: &str = "virt-launcher-vm-aaaaa";
+const TARGET: &str = "virt-launcher-vm-bbbbb";
+/// The pools the VM's launcher pods name (Spiderpool's annotation, which allot's policy reads).
+const LAUNCHER_POOLS: &str = r#"ipam.spidernet.io/ippool: '{"ipv4":["sp-v4"],"ipv6":["sp-v6"]}'"#;
+
+/// Whether the claims `held` are exactly `wanted`, but for [`GONE`]'s (the record of a pod gone
+/// since, which GC may have released by now).
+fn claimed_exactly(
+    held: &BTreeMap<IpAddr, allot_cluster_tests::objects::Held>,
+    wanted: &BTreeSet<IpAddr>,
+) -> bool {
+    let gone: IpAddr = GONE.parse().unwrap();
+    let mut held: BTreeSet<IpAddr> = held.keys().copied().collect();
+    held.remove(&gone);
+    held == *wanted
+}
 
 fn workloads() -> String {
     let spider = r#"{"ipv4":["sp-v4"],"ipv6":["sp-v6"]}"#;
@@ -74,8 +99,11 @@ spec: {policyName: interrupt-migration, validationActions: [Deny]}
 "#;
 
 fn owner(pod: &Pod) -> (&'static str, &'static str) {
-    if pod.metadata.name.as_deref().unwrap().starts_with("db-") {
+    let name = pod.metadata.name.as_deref().unwrap();
+    if name.starts_with("db-") {
         ("StatefulSet", "db")
+    } else if name.starts_with("virt-launcher-") {
+        ("VirtualMachineInstance", VM)
     } else {
         ("Deployment", "web")
     }
@@ -89,13 +117,23 @@ fn offset(base: &str, address: IpAddr) -> String {
     (n(address) - n(base.parse().unwrap())).to_string()
 }
 
-/// Spiderpool's objects for `pods`, as its controller and agents leave them.
+/// Spiderpool's objects for `pods`, as its controller and agents leave them (a KubeVirt
+/// launcher pod's keyed by its instance, with Spiderpool's default `enableKubevirtStaticIP`),
+/// and the record of a pod that is gone since.
 async fn write_spiderpool(s: &Suite, pods: &[Pod]) {
     let mut allocated: [BTreeMap<String, serde_json::Value>; 2] = Default::default();
+    allocated[0].insert(
+        GONE.into(),
+        json!({"pod": format!("{NS}/web-gone"), "podUid": "uid-of-a-pod-gone-since"}),
+    );
     for pod in pods {
         let (v4, v6) = addresses(pod);
+        let key = match owner(pod) {
+            ("VirtualMachineInstance", vmi) => vmi,
+            _ => pod.metadata.name.as_deref().unwrap(),
+        };
         let record = json!({
-            "pod": format!("{NS}/{}", pod.metadata.name.as_deref().unwrap()),
+            "pod": format!("{NS}/{key}"),
             "podUid": pod.metadata.uid,
         });
         allocated[0].insert(v4.to_string(), record.clone());
@@ -305,10 +343,20 @@ async fn pods_of_spiderpool_and_whereabouts_keep_their_addresses_through_the_swi
     );
     s.namespace(NS).await;
     s.must_apply(&workloads());
+    // A KubeVirt VM whose launcher pod on node-1 got Spiderpool's addresses.
+    kubevirt::register(&s);
+    kubevirt::create_vm(&s, NS, VM);
+    kubevirt::start_instance(&s, NS, VM);
+    kubevirt::launcher(&s, NS, VM, SOURCE, "node-1", None, LAUNCHER_POOLS);
+    let vm_addresses = kubevirt::addresses_of(&s, NS, SOURCE).await;
     let web = s.ready_pods(NS, "app=web", 3).await;
     let db = s.ready_pods(NS, "app=db", 2).await;
     let wb = s.ready_pods(NS, "app=wb", 1).await;
-    let spider_pods: Vec<Pod> = web.iter().chain(&db).cloned().collect();
+    let source: Pod = Api::namespaced(s.client.clone(), NS)
+        .get(SOURCE)
+        .await
+        .unwrap();
+    let spider_pods: Vec<Pod> = web.iter().chain(&db).chain([&source]).cloned().collect();
     write_spiderpool(&s, &spider_pods).await;
     write_whereabouts(&s, &wb[0]).await;
     let before: BTreeMap<String, (String, Vec<IpAddr>)> = spider_pods
@@ -358,10 +406,11 @@ async fn pods_of_spiderpool_and_whereabouts_keep_their_addresses_through_the_swi
     );
     assert!(pools.get_opt("sp-v4").await.unwrap().is_some());
     assert!(pools.get_opt("sp-v6").await.unwrap().is_none());
-    assert_eq!(
-        claims_in(&s.client, NS).await.len(),
-        10,
-        "every claim is in"
+    let spider_addresses: BTreeSet<IpAddr> = spider_pods.iter().flat_map(pod_ips).collect();
+    let held = claims_in(&s.client, NS).await;
+    assert!(
+        claimed_exactly(&held, &spider_addresses),
+        "every claim is in: {held:?}"
     );
     s.must(
         "kubectl",
@@ -437,9 +486,11 @@ async fn pods_of_spiderpool_and_whereabouts_keep_their_addresses_through_the_swi
     let wb_again = allotctl(&s, &["migrate", "whereabouts"], true);
     assert!(wb_again.contains("nothing to write"), "{wb_again}");
 
-    // What allot holds: every address, claimed for its pod, recorded in its Endpoint.
+    // What allot holds: every address, claimed for its pod, recorded in its Endpoint; the VM's
+    // for its launcher pod, held for the VM.
     let held = claims_in(&s.client, NS).await;
-    assert_eq!(held.len(), 12);
+    let every: BTreeSet<IpAddr> = before.values().flat_map(|(_, ips)| ips.clone()).collect();
+    assert!(claimed_exactly(&held, &every), "{held:?}");
     for (name, (uid, ips)) in &before {
         for ip in ips {
             let h = held
@@ -549,6 +600,68 @@ async fn pods_of_spiderpool_and_whereabouts_keep_their_addresses_through_the_swi
         assert_eq!(held[ip].uid, restarted.metadata.uid.clone().unwrap());
         assert!(held[ip].attached);
     }
+
+    // The VM, live-migrated to node-2 after the switch: the target launcher pod's ADD (allot's)
+    // takes the VM's addresses over while the source (the peer's sandbox) runs the guest on;
+    // once the migration completes and the source is gone, GC never frees them.
+    kubevirt::launcher(
+        &s,
+        NS,
+        VM,
+        TARGET,
+        "node-2",
+        Some("migration-1"),
+        LAUNCHER_POOLS,
+    );
+    assert_eq!(
+        kubevirt::addresses_of(&s, NS, TARGET).await,
+        vm_addresses,
+        "the target gets the guest's addresses, not fresh ones"
+    );
+    kubevirt::complete_migration(&s, NS, VM, "migration-1", "node-1", "node-2");
+    s.must(
+        "kubectl",
+        &["-n", NS, "delete", "pod", SOURCE, "--wait=true"],
+    );
+    // Two GC scans (every 10 s, 5 s grace in the suite's values) and more.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let held = claims_in(&s.client, NS).await;
+    for ip in &vm_addresses {
+        let h = held
+            .get(ip)
+            .unwrap_or_else(|| panic!("the VM's {ip} was released: {held:?}"));
+        assert_eq!(h.pod, TARGET, "{ip}");
+        assert!(h.attached, "{ip}");
+    }
+
+    // A rerun after the switch (pods created and deleted under allot meanwhile, GC run):
+    // nothing to write, no note for the addresses allot handed out itself, the claim GC
+    // released (the gone pod's) not brought back, the Endpoint the agent wrote for the
+    // restarted StatefulSet pod untouched.
+    let gone: IpAddr = GONE.parse().unwrap();
+    wait_for(
+        "GC releases the gone pod's claim",
+        Duration::from_secs(120),
+        || async {
+            let held = claims_in(&s.client, NS).await;
+            (!held.contains_key(&gone)).then_some(()).ok_or(())
+        },
+    )
+    .await;
+    let endpoints: Api<allot_k8s::Endpoint> = Api::namespaced(s.client.clone(), NS);
+    let db0_endpoint = endpoints.get("db-0").await.unwrap().spec;
+    let rerun = allotctl(&s, &["migrate", "spiderpool"], true);
+    assert!(rerun.contains("nothing to write"), "{rerun}");
+    assert!(!rerun.contains("note:"), "{rerun}");
+    assert!(
+        !claims_in(&s.client, NS).await.contains_key(&gone),
+        "{rerun}"
+    );
+    assert_eq!(
+        endpoints.get("db-0").await.unwrap().spec,
+        db0_endpoint,
+        "{rerun}"
+    );
 
     // And the audit finds nothing to say.
     wait_for("ipam check clean", Duration::from_secs(120), || async {

@@ -165,16 +165,12 @@ where
 fn live(p: &Pod) -> LivePod {
     let spec = p.spec.as_ref();
     let phase = PodPhase::parse(p.status.as_ref().and_then(|s| s.phase.as_deref()));
-    let owner = p
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .map(|o| Owner {
-            kind: o.kind.clone(),
-            name: o.name.clone(),
-        });
+    // As allot's agent records it: a KubeVirt launcher pod's VirtualMachineInstance stands for
+    // its virtual machine, whose launcher pods share its addresses.
+    let owner = allot_index::pod_controller(&p.metadata).map(|o| Owner {
+        kind: o.kind,
+        name: o.name,
+    });
     LivePod {
         namespace: p.metadata.namespace.clone().unwrap_or_default(),
         name: p.metadata.name.clone().unwrap_or_default(),

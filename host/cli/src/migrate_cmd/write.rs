@@ -61,17 +61,14 @@ pub fn endpoint_changes(
                 None => (Change::Create, Some(new_endpoint(record))),
                 Some(e) if e.spec.uid != record.uid => (Change::Later, None),
                 Some(e) => {
+                    // Only interfaces it lacks are added (another peer's migration of the pod's
+                    // other NIC): an interface it records is allot's word, written by the agent
+                    // for the pod's sandbox (a pod started since the switch) or by an earlier
+                    // run, and never replaced by what the peer recorded.
                     let mut next = e.clone();
                     for nic in interfaces(record) {
-                        match next
-                            .spec
-                            .interfaces
-                            .iter_mut()
-                            .find(|i| i.ifname == nic.ifname)
-                        {
-                            Some(i) if i.ipv4 == nic.ipv4 && i.ipv6 == nic.ipv6 => {}
-                            Some(i) => *i = nic,
-                            None => next.spec.interfaces.push(nic),
+                        if !next.spec.interfaces.iter().any(|i| i.ifname == nic.ifname) {
+                            next.spec.interfaces.push(nic);
                         }
                     }
                     next.spec.interfaces.sort_by(|a, b| a.ifname.cmp(&b.ifname));
@@ -245,4 +242,53 @@ pub async fn pools(client: &kube::Client, plan: &Plan) -> anyhow::Result<()> {
         create(&api, &object, &format!("IPPool {}", w.name)).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_core::migrate::{EndpointNic, EndpointRecord};
+
+    fn record(ifname: &str, ipv4: &str) -> EndpointRecord {
+        EndpointRecord {
+            namespace: "shop".into(),
+            name: "db-0".into(),
+            uid: "uid-new".into(),
+            node: "node-2".into(),
+            owner: None,
+            interfaces: vec![EndpointNic {
+                ifname: ifname.into(),
+                ipv4: Some(ipv4.into()),
+                pools: vec!["sp-v4".into()],
+                ..EndpointNic::default()
+            }],
+        }
+    }
+
+    /// The agent wrote db-0's Endpoint after the switch (its restart): a rerun whose plan
+    /// records less of eth0 (the peer knew only its IPv4 address) leaves it as it is, and only
+    /// adds an interface it lacks.
+    #[test]
+    fn an_endpoint_the_agent_wrote_is_never_replaced() {
+        let mut agents = new_endpoint(&record("eth0", "198.51.100.200/24"));
+        agents.spec.interfaces[0].ipv6 = Some("2001:db8:1ab::5:3/64".into());
+        agents.spec.interfaces[0].pools.push("sp-v6".into());
+        let stored = BTreeMap::from([(("shop".to_string(), "db-0".to_string()), agents.clone())]);
+        let plan = Plan {
+            endpoints: vec![record("eth0", "198.51.100.200/24")],
+            ..Plan::default()
+        };
+        let changes = endpoint_changes(&plan, &stored);
+        assert_eq!(changes[0].change, Change::Same);
+
+        let plan = Plan {
+            endpoints: vec![record("net1", "198.51.100.230/24")],
+            ..Plan::default()
+        };
+        let changes = endpoint_changes(&plan, &stored);
+        assert_eq!(changes[0].change, Change::Update);
+        let written = changes[0].object.as_ref().unwrap();
+        assert_eq!(written.spec.interfaces[0], agents.spec.interfaces[0]);
+        assert_eq!(written.spec.interfaces[1].ifname, "net1");
+    }
 }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use super::holders::{self, Holder};
 use super::{
-    DEFAULT_INTERFACE, EndpointNic, EndpointRecord, Inputs, Owner, Plan, Record, Refusal,
+    DEFAULT_INTERFACE, EndpointNic, EndpointRecord, Inputs, LivePod, Owner, Plan, Record, Refusal,
     migrated_sandbox,
 };
 use crate::pool::Pool;
@@ -19,13 +19,44 @@ pub(super) fn plan_claims(
     refusals: &mut Vec<Refusal>,
 ) {
     let pool_of = |address: IpAddr| pools.iter().find(|p| p.ips.contains(address));
+    let current: BTreeMap<IpAddr, &Claim> = inputs
+        .current
+        .claims
+        .iter()
+        .map(|c| (c.address, c))
+        .collect();
+    // Pools allot serves already: an earlier run wrote them, after every claim of theirs. What
+    // the peer still records there and allot does not hold, allot has released since (its pod
+    // gone, by GC) or never held: a rerun imports only records of pods that still hold them,
+    // so it never brings back what GC released.
+    let served: BTreeSet<&str> = plan
+        .pools
+        .iter()
+        .filter(|w| w.exists)
+        .map(|w| w.name.as_str())
+        .collect();
+    let mut records: Vec<Record> = inputs
+        .records
+        .iter()
+        .map(|r| of_launcher_pod(r, inputs.pods))
+        .filter(|r| {
+            !pool_of(r.address).is_some_and(|p| served.contains(p.name()))
+                || still_held(r, inputs.pods)
+        })
+        .collect();
     // Addresses pods use inside the migrated pools, beside the peer's records: a running pod's
-    // address the peer lost track of must not be handed out again either.
-    let mut records: Vec<Record> = inputs.records.to_vec();
+    // address the peer lost track of must not be handed out again either. One allot claims for
+    // that pod already (allot handed it out, or an earlier run) needs nothing.
     let recorded: BTreeSet<IpAddr> = records.iter().map(|r| r.address).collect();
     for pod in inputs.pods.iter().filter(|p| p.holds) {
         for a in &pod.addresses {
             if recorded.contains(&a.address) {
+                continue;
+            }
+            if current
+                .get(&a.address)
+                .is_some_and(|c| c.pod.same_holder(&pod_ref(pod)))
+            {
                 continue;
             }
             let Some(pool) = pool_of(a.address) else {
@@ -54,12 +85,6 @@ pub(super) fn plan_claims(
         }
     }
     let by_address = holders::group(&records, inputs.pods);
-    let current: BTreeMap<IpAddr, &Claim> = inputs
-        .current
-        .claims
-        .iter()
-        .map(|c| (c.address, c))
-        .collect();
     let mut held: Vec<Claim> = Vec::new();
     for (address, group) in by_address {
         if group.holders.len() > 1 {
@@ -76,7 +101,7 @@ pub(super) fn plan_claims(
         }
         let claim = claim_for(inputs, address, &group, pool_of(address), plan);
         match current.get(&address) {
-            Some(c) if c.pod.namespace == claim.pod.namespace && c.pod.name == claim.pod.name => {
+            Some(c) if c.pod.same_holder(&claim.pod) => {
                 plan.claimed.push(address);
                 held.push((*c).clone());
             }
@@ -100,6 +125,66 @@ pub(super) fn plan_claims(
         }
     }
     plan.endpoints = endpoints(inputs, &held, pools);
+}
+
+/// The holder `pod` is, as a claim names it.
+fn pod_ref(pod: &LivePod) -> PodRef {
+    PodRef {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        owner_kind: pod.owner.as_ref().map(|o| o.kind.clone()),
+        owner_name: pod.owner.as_ref().map(|o| o.name.clone()),
+    }
+}
+
+/// `record` as the record of a pod. Spiderpool keys a virtual machine's addresses by the VM (its
+/// VirtualMachineInstance, named after it), not by the launcher pod: a record naming a VM (its
+/// owner says so, or a launcher pod of the VM of that name has the recorded UID) is made the
+/// record of the launcher pod that holds the address, the one with the recorded UID, else one
+/// that uses it. With no launcher pod running the VM's name stays: the VM's next launcher pod
+/// takes the claim over as it takes over allot's own (the same virtual machine).
+fn of_launcher_pod(record: &Record, pods: &[LivePod]) -> Record {
+    let of_vm = |o: Option<&Owner>| {
+        o.is_some_and(|o| o.kind == crate::store::VIRTUAL_MACHINE_KIND && o.name == record.name)
+    };
+    let launchers: Vec<&LivePod> = pods
+        .iter()
+        .filter(|p| p.holds && p.namespace == record.namespace && of_vm(p.owner.as_ref()))
+        .collect();
+    let uid = record.uid.as_deref().filter(|u| !u.is_empty());
+    let by_uid = launchers.iter().find(|p| Some(p.uid.as_str()) == uid);
+    let holding = by_uid.or_else(|| {
+        of_vm(record.owner.as_ref())
+            .then(|| {
+                launchers
+                    .iter()
+                    .find(|p| p.addresses.iter().any(|a| a.address == record.address))
+            })
+            .flatten()
+    });
+    match holding {
+        Some(p) => Record {
+            name: p.name.clone(),
+            owner: record.owner.clone().or_else(|| p.owner.clone()),
+            ..record.clone()
+        },
+        None => record.clone(),
+    }
+}
+
+/// Whether the pod `record` names still holds its address: a live pod of that name that is the
+/// pod recorded (the same UID) or shows the address (a pod of that name started since, that
+/// does not, is another pod).
+fn still_held(record: &Record, pods: &[LivePod]) -> bool {
+    let uid = record.uid.as_deref().filter(|u| !u.is_empty());
+    pods.iter().any(|p| {
+        p.holds
+            && p.namespace == record.namespace
+            && p.name == record.name
+            && (uid == Some(p.uid.as_str())
+                || p.addresses.iter().any(|a| a.address == record.address))
+    })
 }
 
 /// The claim that keeps `address` for its one holder.

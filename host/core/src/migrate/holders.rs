@@ -1,18 +1,30 @@
 //! Who holds each address the peer records: the pods its records name and the live pods that
 //! use it. One holder is what a claim can carry over; two are an address handed out twice,
-//! which a migration refuses (it cannot choose whose address it is).
+//! which a migration refuses (it cannot choose whose address it is). The launcher pods of one
+//! KubeVirt virtual machine are one holder (a live migration's source and target both use the
+//! VM's address), as they are in allot.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use super::{LivePod, Record};
+use super::{LivePod, Owner, Record};
+use crate::store::VIRTUAL_MACHINE_KIND;
+
+/// The virtual machine an owner stands for.
+fn virtual_machine(owner: Option<&Owner>) -> Option<&str> {
+    owner
+        .filter(|o| o.kind == VIRTUAL_MACHINE_KIND && !o.name.is_empty())
+        .map(|o| o.name.as_str())
+}
 
 /// A pod said to hold an address, and what says so.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
     pub namespace: String,
     pub name: String,
+    /// The virtual machine whose launcher pod it is.
+    pub virtual_machine: Option<String>,
     pub sources: Vec<String>,
 }
 
@@ -45,24 +57,34 @@ pub(crate) fn group(records: &[Record], pods: &[LivePod]) -> BTreeMap<IpAddr, Gr
             holders: Vec::new(),
         });
         g.records.push(r.clone());
-        add(&mut g.holders, &r.namespace, &r.name, &r.source);
+        let vm = virtual_machine(r.owner.as_ref());
+        add(&mut g.holders, &r.namespace, &r.name, vm, &r.source);
     }
     for pod in pods.iter().filter(|p| p.holds) {
         for a in &pod.addresses {
             if let Some(g) = out.get_mut(&a.address) {
                 let source = format!("pod {}/{} status", pod.namespace, pod.name);
-                add(&mut g.holders, &pod.namespace, &pod.name, &source);
+                let vm = virtual_machine(pod.owner.as_ref());
+                add(&mut g.holders, &pod.namespace, &pod.name, vm, &source);
             }
         }
     }
     out
 }
 
-fn add(holders: &mut Vec<Holder>, namespace: &str, name: &str, source: &str) {
-    match holders
-        .iter_mut()
-        .find(|h| h.namespace == namespace && h.name == name)
-    {
+fn add(
+    holders: &mut Vec<Holder>,
+    namespace: &str,
+    name: &str,
+    virtual_machine: Option<&str>,
+    source: &str,
+) {
+    let same = |h: &Holder| {
+        h.namespace == namespace
+            && (h.name == name
+                || virtual_machine.is_some_and(|vm| h.virtual_machine.as_deref() == Some(vm)))
+    };
+    match holders.iter_mut().find(|h| same(h)) {
         Some(h) => {
             if !h.sources.iter().any(|s| s == source) {
                 h.sources.push(source.to_string());
@@ -71,6 +93,7 @@ fn add(holders: &mut Vec<Holder>, namespace: &str, name: &str, source: &str) {
         None => holders.push(Holder {
             namespace: namespace.to_string(),
             name: name.to_string(),
+            virtual_machine: virtual_machine.map(str::to_string),
             sources: vec![source.to_string()],
         }),
     }

@@ -609,3 +609,182 @@ proptest! {
         }
     }
 }
+
+/// After the switch, pods come and go under allot and its GC releases the claims of pods that
+/// are gone; the peer, stopped, still records them. Run again, a migration imports nothing of
+/// that: not the claim of a pod gone since (GC released it; the address may be another pod's
+/// now), not a note or claim for each address allot handed out itself.
+#[test]
+fn a_rerun_after_the_switch_changes_nothing_allot_owns() {
+    let mut world = World::spiderpool();
+    let first = world.plan().unwrap();
+    world.written(&first);
+    // web-a is deleted; GC releases its claims; allot hands 192.0.2.10 to a new pod, and
+    // 192.0.2.12 to another.
+    world.pods.retain(|p| p.name != "web-a");
+    world.current.claims.retain(|c| c.pod.name != "web-a");
+    for (name, address) in [("web-new", "192.0.2.10"), ("web-other", "192.0.2.12")] {
+        let mut c = first.claims[0].clone();
+        c.address = ip(address);
+        c.pod.name = name.into();
+        c.pod.uid = format!("uid-{name}");
+        c.attachment = Some(crate::store::Attachment {
+            container_id: format!("sandbox-{name}"),
+            interface: "eth0".into(),
+        });
+        c.node = "node-2".into();
+        world.current.claims.push(c);
+        world
+            .pods
+            .push(live(name, &format!("uid-{name}"), &[address]));
+    }
+    let again = world
+        .plan()
+        .unwrap_or_else(|r| panic!("{:?}", messages(&r)));
+    assert!(again.claims.is_empty(), "{:?}", again.claims);
+    assert!(again.objects_done());
+    assert!(again.notes.is_empty(), "{:?}", again.notes);
+    assert!(
+        again
+            .endpoints
+            .iter()
+            .all(|e| e.name != "web-new" && e.name != "web-other"),
+        "allot's own pods' Endpoints are the agent's: {:?}",
+        again.endpoints
+    );
+}
+
+/// Before the pools are in allot (the first run, or one interrupted before them), a record of a
+/// pod that is gone is carried over (GC judges it by its rules); once allot serves the pools, a
+/// record of a pod still holding its address that allot does not hold is still imported.
+#[test]
+fn a_rerun_imports_what_a_live_pod_still_holds() {
+    let mut world = World::spiderpool();
+    let mut gone = record("192.0.2.13", "v4", "web-gone", "uid-gone");
+    gone.source = "SpiderIPPool v4 status.allocatedIPs".into();
+    world.records.push(gone);
+    let first = world.plan().unwrap();
+    assert!(
+        first.claims.iter().any(|c| c.pod.name == "web-gone"),
+        "the first run carries over a gone pod's record"
+    );
+    world.written(&first);
+    world.current.claims.retain(|c| c.pod.name != "web-a");
+    let again = world.plan().unwrap();
+    let names: Vec<&str> = again.claims.iter().map(|c| c.pod.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["web-a", "web-a"],
+        "web-a lives and holds its addresses"
+    );
+}
+
+/// Spiderpool keys a KubeVirt VM's addresses by its VirtualMachineInstance (named after the
+/// VM): the record names the VM, with the launcher pod's UID. The claim is the launcher pod's,
+/// held for the VM (owner VirtualMachine), as allot's agent would have made it: a live
+/// migration's target takes it over.
+#[test]
+fn a_spiderpool_virtual_machine_becomes_its_launcher_pods_claim() {
+    let vm = Owner {
+        kind: crate::store::VIRTUAL_MACHINE_KIND.into(),
+        name: "db-vm".into(),
+    };
+    let mut r = record("192.0.2.15", "v4", "db-vm", "uid-launcher");
+    r.owner = Some(vm.clone());
+    r.interface = Some("net1".into());
+    let mut launcher = live("virt-launcher-db-vm-abcde", "uid-launcher", &[]);
+    launcher.owner = Some(vm.clone());
+    launcher.addresses = vec![PodAddress {
+        address: ip("192.0.2.15"),
+        interface: Some("net1".into()),
+    }];
+    let mut world = World::spiderpool();
+    world.records = vec![r];
+    world.pods = vec![launcher];
+    let plan = world
+        .plan()
+        .unwrap_or_else(|r| panic!("{:?}", messages(&r)));
+    assert_eq!(plan.claims.len(), 1);
+    let c = &plan.claims[0];
+    assert_eq!(c.pod.name, "virt-launcher-db-vm-abcde");
+    assert_eq!(c.pod.uid, "uid-launcher");
+    assert_eq!(c.pod.virtual_machine(), Some("db-vm"));
+    assert_eq!(c.attachment.as_ref().unwrap().interface, "net1");
+    assert_eq!(
+        c.network, "",
+        "Spiderpool records no network: the first ADD tells it"
+    );
+    let e = &plan.endpoints[0];
+    assert_eq!(e.name, "virt-launcher-db-vm-abcde");
+
+    // A live migration in flight: the target launcher pod uses the address too. One holder.
+    let mut target = world.pods[0].clone();
+    target.name = "virt-launcher-db-vm-fghij".into();
+    target.uid = "uid-target".into();
+    world.pods.push(target);
+    let plan = world
+        .plan()
+        .unwrap_or_else(|r| panic!("{:?}", messages(&r)));
+    assert_eq!(plan.claims.len(), 1);
+    assert_eq!(plan.claims[0].pod.name, "virt-launcher-db-vm-abcde");
+
+    // No launcher pod runs (the VM is stopped): the claim is held for the VM all the same.
+    world.pods.clear();
+    let plan = world.plan().unwrap();
+    assert_eq!(plan.claims[0].pod.virtual_machine(), Some("db-vm"));
+}
+
+/// Whereabouts records the launcher pod and the network, no owner: the owner is the live pod's
+/// controller as allot records it (the VirtualMachineInstance stands for its VM).
+#[test]
+fn a_whereabouts_virtual_machine_is_held_for_the_vm_on_its_network() {
+    let mut r = record("192.0.2.16", "v4", "virt-launcher-web-vm-zzzzz", "");
+    r.uid = None;
+    r.network = "underlay".into();
+    r.interface = Some("net1".into());
+    r.container_id = Some("0123abcd".into());
+    let mut launcher = live("virt-launcher-web-vm-zzzzz", "uid-l", &[]);
+    launcher.owner = Some(Owner {
+        kind: crate::store::VIRTUAL_MACHINE_KIND.into(),
+        name: "web-vm".into(),
+    });
+    let mut world = World::spiderpool();
+    world.records = vec![r];
+    world.pods = vec![launcher];
+    let plan = world.plan().unwrap();
+    let c = &plan.claims[0];
+    assert_eq!(c.pod.virtual_machine(), Some("web-vm"));
+    assert_eq!(c.network, "underlay");
+    assert_eq!(c.pod.uid, "uid-l");
+    assert_eq!(c.attachment.as_ref().unwrap().container_id, "0123abcd");
+}
+
+/// Spiderpool's pool record of a VM's address names the VM with the launcher pod's UID but no
+/// owner (the SpiderEndpoint has it): it is the launcher pod's record all the same, one holder.
+#[test]
+fn a_spiderpool_pool_record_of_a_virtual_machine_is_its_launcher_pods() {
+    let vm = Owner {
+        kind: crate::store::VIRTUAL_MACHINE_KIND.into(),
+        name: "db-vm".into(),
+    };
+    let pool_record = record("192.0.2.15", "v4", "db-vm", "uid-launcher");
+    let mut endpoint_record = pool_record.clone();
+    endpoint_record.owner = Some(vm.clone());
+    endpoint_record.interface = Some("net1".into());
+    endpoint_record.source = "SpiderEndpoint web/db-vm".into();
+    let mut launcher = live("virt-launcher-db-vm-abcde", "uid-launcher", &[]);
+    launcher.owner = Some(vm);
+    let mut world = World::spiderpool();
+    world.records = vec![pool_record, endpoint_record];
+    world.pods = vec![launcher];
+    let plan = world
+        .plan()
+        .unwrap_or_else(|r| panic!("{:?}", messages(&r)));
+    assert_eq!(plan.claims.len(), 1);
+    assert_eq!(plan.claims[0].pod.name, "virt-launcher-db-vm-abcde");
+    assert_eq!(plan.claims[0].pod.virtual_machine(), Some("db-vm"));
+    assert_eq!(
+        plan.claims[0].attachment.as_ref().unwrap().interface,
+        "net1"
+    );
+}

@@ -9,6 +9,11 @@
 //!   `status.current` `{uid, node, ips: [{interface, ipv4: "a/len", ipv6, ipv4Pool, ipv6Pool,
 //!   ipv4Gateway, ipv6Gateway, vlan, routes, cleanGateway}]}`, `status.ownerControllerType`
 //!   and `…Name` (the pod's top-level controller; `Pod` for a bare pod).
+//! - A KubeVirt virtual machine's addresses (Spiderpool's `enableKubevirtStaticIP`, on by
+//!   default) are keyed by its VirtualMachineInstance, not by the launcher pod: the
+//!   `status.allocatedIPs` entry names `namespace/<instance>` with the launcher pod's UID, the
+//!   SpiderEndpoint is named after the instance, its owner `VirtualMachineInstance`. Core's
+//!   migration finds the launcher pod that holds them.
 //!
 //! An auto pool (Spiderpool's IPPool for one application, labelled
 //! `ipam.spidernet.io/owner-application-name`) becomes the auto pool allot's controller would
@@ -26,6 +31,7 @@ use allot_core::autopool;
 use allot_core::migrate::{Owner, PeerObject, PeerPool, Record};
 use allot_core::policy::Application;
 use allot_core::spec::{IpPoolSpec, ReservedIpSpec, SubnetSpec, auto_pool_labels};
+use allot_core::store::holder_kind;
 use kube::api::DynamicObject;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -35,6 +41,8 @@ use super::{PeerKind, address_of, object_name};
 
 const GROUP: &str = "spiderpool.spidernet.io";
 const VERSION: &str = "v2beta1";
+/// Whose `VirtualMachineInstance` Spiderpool's `ownerControllerType` names.
+const KUBEVIRT_API_VERSION: &str = "kubevirt.io/v1";
 
 pub const IPPOOL: PeerKind = PeerKind {
     group: GROUP,
@@ -263,9 +271,13 @@ fn endpoint_records(
         text(status, "ownerControllerType"),
         text(status, "ownerControllerName"),
     ) {
-        (Some(kind), Some(name)) if kind != "Pod" && kind != "Unknown" => {
-            Some(Owner { kind, name })
-        }
+        // With KubeVirt's static addresses (Spiderpool's default), a launcher pod's
+        // controller is its VirtualMachineInstance, which stands for the virtual machine
+        // whose launcher pods share its addresses: the owner allot records for them.
+        (Some(kind), Some(name)) if kind != "Pod" && kind != "Unknown" => Some(Owner {
+            kind: holder_kind(KUBEVIRT_API_VERSION, &kind).to_string(),
+            name,
+        }),
         _ => None,
     };
     let ips = current.get("ips").and_then(Value::as_array);

@@ -169,3 +169,47 @@ fn what_cannot_be_decoded_is_named() {
         ]
     );
 }
+
+/// With KubeVirt's static addresses Spiderpool keys a VM's addresses by its
+/// VirtualMachineInstance: the pool's record and the SpiderEndpoint name the instance (the VM's
+/// name), with the launcher pod's UID; the owner is read as the virtual machine allot keeps the
+/// addresses for.
+#[test]
+fn a_virtual_machines_records_name_the_vm_as_their_owner() {
+    let endpoint = object(json!({
+        "apiVersion": "spiderpool.spidernet.io/v2beta1",
+        "kind": "SpiderEndpoint",
+        "metadata": {"name": "db", "namespace": "vms"},
+        "status": {
+            "current": {"uid": "u-launcher", "node": "node-1", "ips": [{
+                "interface": "net1", "ipv4": "192.0.2.30/24", "ipv4Pool": "p",
+                "vlan": 0, "cleanGateway": false
+            }]},
+            "ownerControllerType": "VirtualMachineInstance",
+            "ownerControllerName": "db"
+        }
+    }));
+    let d = decode(&Objects {
+        pools: vec![pool(
+            "p",
+            json!({}),
+            r#"{"192.0.2.30":{"pod":"vms/db","podUid":"u-launcher"}}"#,
+        )],
+        endpoints: vec![endpoint],
+        ..Objects::default()
+    });
+    let from_endpoint = d
+        .records
+        .iter()
+        .find(|r| r.source.starts_with("SpiderEndpoint"))
+        .unwrap();
+    assert_eq!(from_endpoint.name, "db");
+    assert_eq!(from_endpoint.uid.as_deref(), Some("u-launcher"));
+    assert_eq!(
+        from_endpoint.owner,
+        Some(Owner {
+            kind: allot_core::store::VIRTUAL_MACHINE_KIND.into(),
+            name: "db".into()
+        })
+    );
+}

@@ -191,6 +191,7 @@ pub fn claim_batch_with_reattach_is_all_or_nothing(store: &dyn Store) {
         address: ip("10.0.0.2"),
         pod: web2.clone(),
         attachment: new.clone(),
+        network: "net-a".into(),
         node: super::OTHER_NODE.into(),
         now: T0 + 5,
     };

@@ -254,6 +254,7 @@ impl Backend {
             }
             c.attachment = Some(r.attachment.clone());
             c.pod = r.pod.clone();
+            c.network = r.network.clone();
             c.node = r.node.clone();
             c.updated_at = r.now;
             success.push(TxnOp::put(key.clone(), keys::encode(&c), None));

@@ -153,6 +153,7 @@ impl Backend {
                         before.push(c.clone());
                         c.attachment = Some(r.attachment.clone());
                         c.pod = r.pod.clone();
+                        c.network = r.network.clone();
                         c.node = r.node.clone();
                         c.updated_at = r.now;
                         after.push(c.clone());
