@@ -216,7 +216,7 @@ fn regarding(finding: &Finding) -> ObjectReference {
         ..ObjectReference::default()
     };
     match finding {
-        Finding::LeakedClaim { claim, .. } => {
+        Finding::LeakedClaim { claim, .. } | Finding::StatusDisagrees { claim, .. } => {
             pod(&claim.pod.namespace, &claim.pod.name, &claim.pod.uid)
         }
         Finding::UnclaimedAddress { pod: p, .. }

@@ -141,7 +141,7 @@ impl Metrics {
         registry.register(
             "ipam_drift",
             "Findings of the last audit by kind: leaked-claim, unclaimed-address, claimed-twice, \
-             endpoint-without-claim, pool-count (allotctl ipam check lists them)",
+             endpoint-without-claim, status-disagrees, pool-count (allotctl ipam check lists them)",
             m.ipam_drift.clone(),
         );
         registry.register(

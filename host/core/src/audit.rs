@@ -6,8 +6,14 @@
 //! No lock: the inputs are read while agents keep allocating, so a finding may be a change in
 //! flight (an ADD whose Endpoint is not written yet, a pod whose status has not caught up).
 //! Acting on one therefore takes a second sighting: a leak is released only if a fresh check
-//! still finds the same claim, unchanged, leaked (Calico's `ipam release --from-report` locks
-//! the datastore instead, so no pod starts meanwhile, projectcalico/calico#8548).
+//! still finds the same claim, unchanged, leaked, by GC's own clocks ([`repair`]: the grace
+//! period between sightings, the claim's age, the pod's grace period and GC's additional delay)
+//! (Calico's `ipam release --from-report` locks the datastore instead, so no pod starts
+//! meanwhile, projectcalico/calico#8548).
+//!
+//! A pod's network status (Multus's annotation) is written by whoever may patch the pod: when
+//! it disagrees with a live pod's own claim that its allot Endpoint records too, that is
+//! reported for a person to judge ([`Finding::StatusDisagrees`]), never called a leak.
 //!
 //! Pure: the caller gathers the inputs and decides each claim by the GC table against the same
 //! view ([`Inputs::verdict`]).
@@ -17,7 +23,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::addr::{AddrSet, IpFamily};
-use crate::gc::{LeakReason, Verdict};
+use crate::gc::{LeakReason, NotBefore, Verdict, Wait, due};
 use crate::migrate::PodAddress;
 use crate::store::{Claim, unchanged};
 
@@ -126,16 +132,33 @@ impl fmt::Display for Holding {
 /// Why a claim has no live holder.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeakWhy {
-    /// The GC table's row (the pod is gone, finished, replaced, …).
-    Gc(LeakReason),
-    /// Its pod lives but uses another address of the family on that interface.
+    /// The GC table's row (the pod is gone, finished, replaced, …), and from when GC would
+    /// release it.
+    Gc {
+        reason: LeakReason,
+        not_before: NotBefore,
+    },
+    /// Its pod lives but uses another address of the family on that interface (and its allot
+    /// Endpoint does not record this one).
     NotUsed { uses: IpAddr },
+}
+
+impl LeakWhy {
+    /// The name a report gives it: the GC table's reason, or `not-used-by-its-pod`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LeakWhy::Gc { reason, .. } => reason.as_str(),
+            LeakWhy::NotUsed { .. } => "not-used-by-its-pod",
+        }
+    }
 }
 
 impl fmt::Display for LeakWhy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LeakWhy::Gc(reason) => write!(f, "{}: {}", reason.as_str(), reason.describe()),
+            LeakWhy::Gc { reason, .. } => {
+                write!(f, "{}: {}", reason.as_str(), reason.describe())
+            }
             LeakWhy::NotUsed { uses } => write!(
                 f,
                 "not-used-by-its-pod: the pod uses {uses} on that interface instead"
@@ -167,6 +190,11 @@ pub enum Finding {
         endpoint: PodId,
         interface: String,
     },
+    /// A live pod's own claim, recorded by its allot Endpoint too, that the pod's status (or its
+    /// Multus network status, which anyone who may patch the pod can write) does not show: it
+    /// reports `reported` on that interface instead. Never released by a repair: a person
+    /// judges which is true.
+    StatusDisagrees { claim: Claim, reported: IpAddr },
     /// An IPPool's status counts disagree with the claims and its spec.
     PoolCount {
         pool: String,
@@ -178,11 +206,12 @@ pub enum Finding {
 }
 
 /// The kinds of [`Finding`], as reports and metrics name them.
-pub const KINDS: [&str; 5] = [
+pub const KINDS: [&str; 6] = [
     "leaked-claim",
     "unclaimed-address",
     "claimed-twice",
     "endpoint-without-claim",
+    "status-disagrees",
     "pool-count",
 ];
 
@@ -193,14 +222,17 @@ impl Finding {
             Finding::UnclaimedAddress { .. } => KINDS[1],
             Finding::ClaimedTwice { .. } => KINDS[2],
             Finding::EndpointWithoutClaim { .. } => KINDS[3],
-            Finding::PoolCount { .. } => KINDS[4],
+            Finding::StatusDisagrees { .. } => KINDS[4],
+            Finding::PoolCount { .. } => KINDS[5],
         }
     }
 
     /// The address it is about, if one.
     pub fn address(&self) -> Option<IpAddr> {
         match self {
-            Finding::LeakedClaim { claim, .. } => Some(claim.address),
+            Finding::LeakedClaim { claim, .. } | Finding::StatusDisagrees { claim, .. } => {
+                Some(claim.address)
+            }
             Finding::UnclaimedAddress { address, .. }
             | Finding::ClaimedTwice { address, .. }
             | Finding::EndpointWithoutClaim { address, .. } => Some(*address),
@@ -250,6 +282,23 @@ impl fmt::Display for Finding {
                 f,
                 "{address} is recorded by Endpoint {endpoint} ({interface}) but neither claimed nor used"
             ),
+            Finding::StatusDisagrees { claim, reported } => write!(
+                f,
+                "{} (IPPool {}) is claimed for {}/{} (uid {}){} and its Endpoint records it, but \
+                 the pod's status reports {reported} there instead: judge which is true (the \
+                 network-status annotation is writable by whoever may patch the pod); nothing \
+                 is released for it",
+                claim.address,
+                claim.pool,
+                claim.pod.namespace,
+                claim.pod.name,
+                claim.pod.uid,
+                claim
+                    .attachment
+                    .as_ref()
+                    .map(|a| format!(" on {}", a.interface))
+                    .unwrap_or_default()
+            ),
             Finding::PoolCount {
                 pool,
                 status_allocated,
@@ -282,8 +331,8 @@ impl Report {
     }
 
     /// How many findings of each kind of [`KINDS`], in that order.
-    pub fn counts(&self) -> [usize; 5] {
-        let mut counts = [0; 5];
+    pub fn counts(&self) -> [usize; KINDS.len()] {
+        let mut counts = [0; KINDS.len()];
         for f in &self.findings {
             let i = KINDS.iter().position(|k| *k == f.kind()).expect("a kind");
             counts[i] += 1;
@@ -293,8 +342,13 @@ impl Report {
 
     /// The leaked claims, as found.
     pub fn leaked(&self) -> impl Iterator<Item = &Claim> {
+        self.leaks().map(|(claim, _)| claim)
+    }
+
+    /// The leaked claims, as found, each with why.
+    pub fn leaks(&self) -> impl Iterator<Item = (&Claim, &LeakWhy)> {
         self.findings.iter().filter_map(|f| match f {
-            Finding::LeakedClaim { claim, .. } => Some(claim),
+            Finding::LeakedClaim { claim, why } => Some((claim, why)),
             _ => None,
         })
     }
@@ -367,15 +421,29 @@ pub fn check(inputs: &Inputs) -> Report {
         if used.contains(&c.address) {
             continue;
         }
-        let why = match (inputs.verdict)(c) {
-            Verdict::Leak { reason, .. } => Some(LeakWhy::Gc(reason)),
-            Verdict::Keep(_) => not_used(c, inputs.pods).map(|uses| LeakWhy::NotUsed { uses }),
-        };
-        if let Some(why) = why {
-            findings.push(Finding::LeakedClaim {
+        match (inputs.verdict)(c) {
+            Verdict::Leak { reason, not_before } => findings.push(Finding::LeakedClaim {
                 claim: c.clone(),
-                why,
-            });
+                why: LeakWhy::Gc { reason, not_before },
+            }),
+            Verdict::Keep(_) => {
+                let Some(uses) = not_used(c, inputs.pods) else {
+                    continue;
+                };
+                // The pod's own Endpoint records this address: allot's word against what the
+                // pod's status says, which anyone who may patch the pod can write.
+                findings.push(if recorded_by_endpoint(c, inputs.endpoints) {
+                    Finding::StatusDisagrees {
+                        claim: c.clone(),
+                        reported: uses,
+                    }
+                } else {
+                    Finding::LeakedClaim {
+                        claim: c.clone(),
+                        why: LeakWhy::NotUsed { uses },
+                    }
+                });
+            }
         }
     }
     for (address, hs) in &holders {
@@ -492,24 +560,93 @@ fn not_used(claim: &Claim, pods: &[PodUse]) -> Option<IpAddr> {
     on_it.first().copied()
 }
 
-/// The claims of `reported` (the leaks of an earlier report) that a fresh check, `recheck`,
-/// still finds leaked and unchanged (same attachment, pod UID and last change): the second
-/// sighting `ipam release --from-report` needs before it releases anything. A claim released,
-/// taken back or changed meanwhile is left out.
-pub fn still_leaked(reported: &[Claim], recheck: &Report) -> Vec<Claim> {
-    let now: BTreeMap<IpAddr, &Claim> = recheck.leaked().map(|c| (c.address, c)).collect();
-    reported
-        .iter()
-        .filter(|r| {
-            now.get(&r.address).is_some_and(|c| {
-                unchanged(c, r)
-                    && c.pod.namespace == r.pod.namespace
-                    && c.pod.name == r.pod.name
-                    && c.pool == r.pool
-            })
-        })
-        .cloned()
-        .collect()
+/// Whether `claim`'s pod's allot Endpoint (the same pod: name and UID) records its address on
+/// its interface.
+fn recorded_by_endpoint(claim: &Claim, endpoints: &[EndpointUse]) -> bool {
+    let Some(interface) = claim.attachment.as_ref().map(|a| &a.interface) else {
+        return false;
+    };
+    endpoints.iter().any(|e| {
+        e.namespace == claim.pod.namespace
+            && e.name == claim.pod.name
+            && e.uid == claim.pod.uid
+            && e.addresses
+                .iter()
+                .any(|(a, i)| *a == claim.address && i == interface)
+    })
+}
+
+/// GC's clocks, as a repair honours them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Clocks {
+    /// GC's grace period (`--gc-grace-seconds`): the least age of a claim at its first sighting,
+    /// and the least time between two sightings.
+    pub grace: u64,
+    /// GC's additional grace delay (`ALLOT_GC_ADDITIONAL_GRACE_DELAY`), which a leak the table
+    /// does not decide (`not-used-by-its-pod`) waits for after its first sighting too.
+    pub additional_delay: u64,
+    /// When the report was made (its `checkedAt`): the first sighting.
+    pub first_seen: u64,
+    /// Now: the second sighting.
+    pub now: u64,
+}
+
+/// Why a repair keeps a reported leak.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// The fresh check no longer finds it leaked, or the claim changed since the report
+    /// (released, taken back, re-attached, another pod's).
+    NoLongerLeaked,
+    /// Leaked still, but not due by GC's clocks yet.
+    NotDue(Wait),
+}
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Kept::NoLongerLeaked => f.write_str("no longer leaked, or changed since the report"),
+            Kept::NotDue(wait) => write!(f, "not due yet: {wait}; run the check again later"),
+        }
+    }
+}
+
+/// What a repair may release of `reported` (the leaks of an earlier report, made at
+/// `clocks.first_seen`): those a fresh check, `recheck`, still finds leaked and unchanged (same
+/// attachment, pod UID and last change), and due by GC's own clocks ([`due`]) as if the report
+/// had been GC's first sighting and now its second. So `ipam release --from-report` releases
+/// only what GC would release at that moment; each of the others is kept, with why.
+pub fn repair(
+    reported: &[Claim],
+    recheck: &Report,
+    clocks: &Clocks,
+) -> (Vec<Claim>, Vec<(Claim, Kept)>) {
+    let now: BTreeMap<IpAddr, (&Claim, &LeakWhy)> = recheck
+        .leaks()
+        .map(|(c, why)| (c.address, (c, why)))
+        .collect();
+    let mut released = Vec::new();
+    let mut kept = Vec::new();
+    for r in reported {
+        let same = now.get(&r.address).filter(|(c, _)| {
+            unchanged(c, r)
+                && c.pod.namespace == r.pod.namespace
+                && c.pod.name == r.pod.name
+                && c.pool == r.pool
+        });
+        let Some((_, why)) = same else {
+            kept.push((r.clone(), Kept::NoLongerLeaked));
+            continue;
+        };
+        let not_before = match why {
+            LeakWhy::Gc { not_before, .. } => *not_before,
+            LeakWhy::NotUsed { .. } => NotBefore::AfterFirstSighting(clocks.additional_delay),
+        };
+        match due(r, not_before, clocks.first_seen, clocks.now, clocks.grace) {
+            Ok(()) => released.push(r.clone()),
+            Err(wait) => kept.push((r.clone(), Kept::NotDue(wait))),
+        }
+    }
+    (released, kept)
 }
 
 #[cfg(test)]

@@ -21,6 +21,80 @@ pub use decision::{
     endpoint_outdated,
 };
 
+/// What a leak seen twice still waits for, by GC's clocks ([`due`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// The claim was younger than the grace period at its first sighting (its ADD may still have
+    /// been in flight): that sighting does not count; it is a suspect from this time on.
+    Young { until: u64 },
+    /// The second sighting must be at least the grace period after the first: not before this.
+    Sightings { until: u64 },
+    /// Its own release time ([`NotBefore`]: the pod's deletion plus its grace and the additional
+    /// delay, or the delay after the first sighting) is this.
+    NotBefore { until: u64 },
+}
+
+impl Wait {
+    /// The unix time it waits for.
+    pub fn until(self) -> u64 {
+        match self {
+            Wait::Young { until } | Wait::Sightings { until } | Wait::NotBefore { until } => until,
+        }
+    }
+}
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Wait::Young { until } => write!(
+                f,
+                "the claim was younger than GC's grace period when first seen leaked: it counts \
+                 as leaked from {until} on (unix time)"
+            ),
+            Wait::Sightings { until } => write!(
+                f,
+                "GC's two sightings must be its grace period apart: not before {until} (unix \
+                 time)"
+            ),
+            Wait::NotBefore { until } => write!(
+                f,
+                "its release time (the pod's grace period and GC's additional delay) is {until} \
+                 (unix time)"
+            ),
+        }
+    }
+}
+
+/// Whether a leak of `claim`, first seen at `first_seen` and seen again, unchanged, at `now`, is
+/// due by GC's clocks: the claim was at least `grace` seconds old at the first sighting, the
+/// second comes at least `grace` seconds after it, and its own release time (`not_before`) has
+/// come. The collector's [`Suspects`] and the operator's `ipam release --from-report` both
+/// decide by it.
+pub fn due(
+    claim: &Claim,
+    not_before: NotBefore,
+    first_seen: u64,
+    now: u64,
+    grace: u64,
+) -> Result<(), Wait> {
+    let old_enough = claim.updated_at.saturating_add(grace);
+    if old_enough > first_seen {
+        return Err(Wait::Young { until: old_enough });
+    }
+    let second = first_seen.saturating_add(grace);
+    if second > now {
+        return Err(Wait::Sightings { until: second });
+    }
+    let own = match not_before {
+        NotBefore::At(t) => t,
+        NotBefore::AfterFirstSighting(d) => first_seen.saturating_add(d),
+    };
+    if own > now {
+        return Err(Wait::NotBefore { until: own });
+    }
+    Ok(())
+}
+
 /// Claims seen leaked once, waiting for their second sighting.
 #[derive(Debug, Default)]
 pub struct Suspects {
@@ -91,11 +165,7 @@ impl Suspects {
                     look,
                 },
             };
-            let past = match not_before {
-                NotBefore::At(t) => t <= now,
-                NotBefore::AfterFirstSighting(d) => first.at.saturating_add(d) <= now,
-            };
-            if first.look < look && first.at.saturating_add(grace) <= now && past {
+            if first.look < look && self::due(&claim, not_before, first.at, now, grace).is_ok() {
                 due.push(claim);
             }
             still.insert(key, first);

@@ -1,15 +1,16 @@
 //! Day 2, on the real control plane: `allotctl ipam check` finds nothing on a clean cluster and
 //! each kind of drift a test plants (a leaked claim, a pod using an address nobody claims, an
 //! address with two holders, a pool count that disagrees); `ipam release --from-report`
-//! releases what the report lists and is still leaked, never a claim changed meanwhile; the
-//! controller counts the same drift in its metrics and tells it in Events; once repaired, the
-//! check is clean again.
+//! releases what the report lists and is still leaked, once GC's own clocks allow, never a
+//! claim changed meanwhile, and never the claims of a pod force-deleted a moment ago on a node
+//! cut off before GC's own deadline; the controller counts the same drift in its metrics and
+//! tells it in Events; once repaired, the check is clean again.
 //!
 //! A lab of its own (the controller is stopped for a while): run in the own-lab phase.
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use allot_cluster_tests::objects::{Workload, pod_ips};
 use allot_cluster_tests::{NAMESPACE, Suite, install_args};
@@ -90,6 +91,24 @@ fn messages(report: &Value, kind: &str) -> Vec<String> {
         .filter(|f| f["kind"] == kind)
         .map(|f| f["message"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// The GC settings `ipam release` is given: the suite's controller's (tests/cluster/values.yaml:
+/// `controller.gc.graceSeconds: 5`), and an additional delay for the repair to honour.
+const GC_FLAGS: [&str; 4] = [
+    "--gc-grace-seconds",
+    "5",
+    "--gc-additional-grace-delay",
+    "10",
+];
+
+/// `allotctl ipam release --from-report FILE` with [`GC_FLAGS`]: its output.
+fn release_from(s: &Suite, report: &std::path::Path) -> String {
+    let mut args = vec!["ipam", "release", "--from-report", report.to_str().unwrap()];
+    args.extend(GC_FLAGS);
+    let out = s.allotctl(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    text(&out)
 }
 
 fn scale_controller(s: &Suite, replicas: u32) {
@@ -277,14 +296,31 @@ async fn ipam_check_finds_each_planted_drift_and_release_frees_only_the_leaks() 
         s.claim(&[changed]).unwrap();
     })
     .await;
-    let released = s.allotctl(&[
-        "ipam",
-        "release",
-        "--from-report",
-        file.path().to_str().unwrap(),
-    ]);
-    let out = text(&released);
-    assert!(released.status.success(), "{out}");
+    // At once, GC would release nothing: its second sighting comes its grace period after the
+    // first (the report), and its additional delay after that.
+    let at_once = release_from(&s, file.path());
+    assert!(
+        at_once.contains(&format!(
+            "kept {} (IPPool default-v4) of audit/ghost-1: not due yet",
+            free[0]
+        )),
+        "{at_once}"
+    );
+    assert!(
+        at_once.contains("0 of 2 reported leak(s) released"),
+        "{at_once}"
+    );
+    let out = wait_for(
+        "the repair releases ghost-1 once GC would",
+        Duration::from_secs(60),
+        || async {
+            let out = release_from(&s, file.path());
+            out.contains("1 of 2 reported leak(s) released")
+                .then(|| out.clone())
+                .ok_or(out)
+        },
+    )
+    .await;
     assert!(
         out.contains(&format!(
             "released {} (IPPool default-v4) of audit/ghost-1",
@@ -299,7 +335,6 @@ async fn ipam_check_finds_each_planted_drift_and_release_frees_only_the_leaks() 
         )),
         "{out}"
     );
-    assert!(out.contains("1 of 2 reported leak(s) released"), "{out}");
     let now = with_store(&store, |s| s.all().unwrap()).await;
     assert!(!now.iter().any(|cl| cl.address == free[0]));
     assert!(
@@ -315,6 +350,81 @@ async fn ipam_check_finds_each_planted_drift_and_release_frees_only_the_leaks() 
         !now.iter().any(|cl| cl.address == v4(c)),
         "release never claims"
     );
+
+    // A node cut off, its pod force-deleted (its sandbox may still run there): the pod's claims
+    // are leaked by GC's table at once, but a repair releases them only at GC's own deadline,
+    // the report plus the grace period and the additional delay.
+    let cut_node = "node-2";
+    s.must_apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: cut, namespace: {NS}}}\n\
+         spec: {{nodeName: {cut_node}, terminationGracePeriodSeconds: 1, \
+         containers: [{{name: c, image: busybox, command: [sleep, \"3600\"]}}]}}\n"
+    ));
+    let cut_ips = wait_for("pod cut running", Duration::from_secs(90), || async {
+        let p = s.pods(NS, "").await;
+        let ips = p
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some("cut"))
+            .map(pod_ips)
+            .unwrap_or_default();
+        (!ips.is_empty()).then_some(ips).ok_or(())
+    })
+    .await;
+    s.lab.stop_node(cut_node).await.unwrap();
+    s.must(
+        "kubectl",
+        &[
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            "cut",
+            "--force",
+            "--grace-period=0",
+        ],
+    );
+    let reported_at = Instant::now();
+    let (_, cut_report) = check_json(&s).await;
+    let cut_leaks = messages(&cut_report, "leaked-claim");
+    for ip in &cut_ips {
+        assert!(
+            cut_leaks
+                .iter()
+                .any(|m| m.contains(&format!("{ip} ")) && m.contains("audit/cut")),
+            "{cut_leaks:?}"
+        );
+    }
+    std::fs::write(file.path(), serde_json::to_vec(&cut_report).unwrap()).unwrap();
+    let at_once = release_from(&s, file.path());
+    assert!(at_once.contains("not due yet"), "{at_once}");
+    let held = |all: &[Claim]| {
+        cut_ips
+            .iter()
+            .filter(|ip| all.iter().any(|c| c.address == **ip))
+            .count()
+    };
+    assert_eq!(
+        held(&with_store(&store, |s| s.all().unwrap()).await),
+        cut_ips.len(),
+        "nothing released at once: {at_once}"
+    );
+    wait_for(
+        "the cut-off pod's claims released at GC's deadline",
+        Duration::from_secs(90),
+        || async {
+            release_from(&s, file.path());
+            let left = held(&with_store(&store, |s| s.all().unwrap()).await);
+            (left == 0).then_some(()).ok_or(left)
+        },
+    )
+    .await;
+    assert!(
+        reported_at.elapsed() >= Duration::from_secs(9),
+        "released {:?} after the report, before the grace period and the additional delay \
+         (5 + 10 s, to within the report's whole seconds)",
+        reported_at.elapsed()
+    );
+    s.lab.start_node(cut_node).await.unwrap();
 
     // The controller back: it counts the same drift and tells what persists.
     scale_controller(&s, 2);

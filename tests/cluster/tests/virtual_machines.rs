@@ -18,124 +18,26 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use allot_cluster_tests::Suite;
+use allot_cluster_tests::kubevirt::{self, addresses_of};
 use allot_cluster_tests::objects::{Held, claims_in, pod_ips};
 use allot_lab::capture::Capture;
 use allot_lab::testing::wait_for;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, EvictParams, ListParams};
 
-/// KubeVirt's VirtualMachine and VirtualMachineInstance as CRDs of the same group, version,
-/// names and subresources (status; a VM's scale is left out), with open schemas.
-const KUBEVIRT_CRDS: &str = r#"apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: virtualmachines.kubevirt.io}
-spec:
-  group: kubevirt.io
-  scope: Namespaced
-  names: {plural: virtualmachines, singular: virtualmachine, kind: VirtualMachine, shortNames: [vm, vms]}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      subresources: {status: {}}
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: virtualmachineinstances.kubevirt.io}
-spec:
-  group: kubevirt.io
-  scope: Namespaced
-  names: {plural: virtualmachineinstances, singular: virtualmachineinstance, kind: VirtualMachineInstance, shortNames: [vmi, vmis]}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      subresources: {status: {}}
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"#;
-
 const VM: &str = "db";
 
 /// The lab's L2 segment, in this machine's namespace (see `allot_lab::net`).
 const SEGMENT: &str = allot_lab::net::BRIDGE;
 
-/// The UID of `kind/name` in `ns`.
-fn uid(s: &Suite, ns: &str, kind: &str, name: &str) -> String {
-    s.must(
-        "kubectl",
-        &[
-            "-n",
-            ns,
-            "get",
-            kind,
-            name,
-            "-o",
-            "jsonpath={.metadata.uid}",
-        ],
-    )
-}
-
-/// A VirtualMachineInstance of the VM, as the VM controller creates it (owned by the VM).
 fn start_instance(s: &Suite, ns: &str) -> String {
-    let vm_uid = uid(s, ns, "virtualmachines.kubevirt.io", VM);
-    s.must_apply(&format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata:
-  name: {VM}
-  namespace: {ns}
-  labels: {{kubevirt.io/domain: {VM}}}
-  ownerReferences:
-    - {{apiVersion: kubevirt.io/v1, kind: VirtualMachine, name: {VM}, uid: "{vm_uid}", controller: true, blockOwnerDeletion: true}}
-spec: {{domain: {{devices: {{}}}}}}
-"#
-    ));
-    uid(s, ns, "virtualmachineinstances.kubevirt.io", VM)
+    kubevirt::start_instance(s, ns, VM)
 }
 
-/// A launcher pod of the VM's instance on `node`, as virt-controller builds it; a live
-/// migration's target carries the migration's UID.
+/// A launcher pod of the VM's instance on `node`; a live migration's target carries the
+/// migration's UID.
 fn launcher(s: &Suite, ns: &str, name: &str, node: &str, migration: Option<&str>) {
-    let vmi_uid = uid(s, ns, "virtualmachineinstances.kubevirt.io", VM);
-    let migration = migration
-        .map(|m| format!(", kubevirt.io/migrationJobUID: \"{m}\""))
-        .unwrap_or_default();
-    s.must_apply(&format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: {ns}
-  labels: {{kubevirt.io: virt-launcher, kubevirt.io/created-by: "{vmi_uid}", vm.kubevirt.io/name: {VM}, kubevirt.io/domain: {VM}{migration}}}
-  annotations: {{kubevirt.io/domain: {VM}}}
-  ownerReferences:
-    - {{apiVersion: kubevirt.io/v1, kind: VirtualMachineInstance, name: {VM}, uid: "{vmi_uid}", controller: true, blockOwnerDeletion: true}}
-spec:
-  nodeName: {node}
-  terminationGracePeriodSeconds: 1
-  containers: [{{name: compute, image: busybox, command: [sleep, "3600"]}}]
-"#
-    ));
-}
-
-/// The addresses of launcher pod `name` once it runs.
-async fn addresses_of(s: &Suite, ns: &str, name: &str) -> Vec<IpAddr> {
-    let pods: Api<Pod> = Api::namespaced(s.client.clone(), ns);
-    wait_for(
-        &format!("{ns}/{name} running with addresses"),
-        Duration::from_secs(90),
-        || async {
-            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
-            let ips = pod_ips(&pod);
-            (ips.len() == 2)
-                .then_some(ips)
-                .ok_or(format!("{:?}", pod.status))
-        },
-    )
-    .await
+    kubevirt::launcher(s, ns, VM, name, node, migration, "");
 }
 
 async fn gone(s: &Suite, ns: &str, name: &str) {
@@ -276,7 +178,8 @@ fn announced(f: &[u8]) -> Option<Announced> {
 /// A VM's story: started on one node, restarted on another, evicted, live-migrated (and a
 /// migration that fails), then deleted. Its two addresses never change, are never free
 /// meanwhile (a pod given one is refused each time), are announced from the target once the
-/// guest is handed over there and not before, and are released once the VM is gone.
+/// guest is handed over there and not before, can be released on purpose by an operator only
+/// once no launcher pod uses them, and are released once the VM is gone.
 #[tokio::test]
 async fn a_virtual_machine_keeps_its_addresses_through_restarts_evictions_and_migrations() {
     let Some(s) = Suite::shared(
@@ -286,16 +189,7 @@ async fn a_virtual_machine_keeps_its_addresses_through_restarts_evictions_and_mi
     else {
         return;
     };
-    s.must_apply(KUBEVIRT_CRDS);
-    s.must(
-        "kubectl",
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/virtualmachines.kubevirt.io",
-            "crd/virtualmachineinstances.kubevirt.io",
-        ],
-    );
+    kubevirt::register(&s);
     let nodes: Vec<String> = Api::<Node>::all(s.client.clone())
         .list(&ListParams::default())
         .await
@@ -306,15 +200,7 @@ async fn a_virtual_machine_keeps_its_addresses_through_restarts_evictions_and_mi
         .collect();
     let (one, two) = (nodes[0].as_str(), nodes[1].as_str());
     let ns = s.namespace("vms").await;
-    s.must_apply(&format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata: {{name: {VM}, namespace: {ns}}}
-spec:
-  runStrategy: Always
-  template: {{spec: {{domain: {{devices: {{}}}}}}}}
-"#
-    ));
+    kubevirt::create_vm(&s, &ns, VM);
 
     // Started on node one.
     start_instance(&s, &ns);
@@ -406,22 +292,7 @@ spec:
         "the target announced the guest's IPv6 address before the handover: {before:?}"
     );
     let capture = Announcements::capture();
-    s.must(
-        "kubectl",
-        &[
-            "-n",
-            &ns,
-            "patch",
-            "virtualmachineinstances.kubevirt.io",
-            VM,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &format!(
-                r#"{{"status":{{"nodeName":"{two}","migrationState":{{"migrationUid":"migration-1","sourceNode":"{one}","targetNode":"{two}","completed":true}}}}}}"#
-            ),
-        ],
-    );
+    kubevirt::complete_migration(&s, &ns, VM, "migration-1", one, two);
     wait_for(
         "the target's announcements of both addresses, from its interface",
         Duration::from_secs(30),
@@ -481,6 +352,67 @@ spec:
         .await
         .unwrap();
     assert_eq!(pod_ips(&running), addresses);
+    // Released on purpose, by name: not while the guest runs with them (the claims are
+    // detached, but the source launcher pod uses them)...
+    let vm = format!("{ns}/{VM}");
+    let refused = s.allotctl(&["ipam", "release", "--virtual-machine", &vm, "--yes"]);
+    let out = String::from_utf8_lossy(&refused.stdout).to_string();
+    assert!(!refused.status.success(), "{out}");
+    assert!(
+        out.contains("launcher pod") && out.contains("virt-launcher-db-ddddd"),
+        "{out}"
+    );
+    held_for(
+        &s,
+        &ns,
+        &addresses,
+        None,
+        "nothing released under the guest",
+    )
+    .await;
+
+    // ... but once the VM is stopped (its instance deleted, the VirtualMachine kept), without a
+    // terminal to confirm on only with --yes, and then its next launcher pod starts with
+    // addresses from the pools, whatever they are.
+    s.must(
+        "kubectl",
+        &[
+            "-n",
+            &ns,
+            "delete",
+            "virtualmachineinstances.kubevirt.io",
+            VM,
+            "--wait=true",
+        ],
+    );
+    gone(&s, &ns, "virt-launcher-db-ddddd").await;
+    held_for(&s, &ns, &addresses, None, "stopped again").await;
+    let unconfirmed = s.allotctl(&["ipam", "release", "--virtual-machine", &vm]);
+    let err = String::from_utf8_lossy(&unconfirmed.stderr).to_string();
+    assert!(
+        !unconfirmed.status.success() && err.contains("--yes"),
+        "{err}"
+    );
+    held_for(&s, &ns, &addresses, None, "nothing released unconfirmed").await;
+    let released = s.allotctl(&["ipam", "release", "--virtual-machine", &vm, "--yes"]);
+    let out = String::from_utf8_lossy(&released.stdout).to_string();
+    assert!(released.status.success(), "{out}");
+    for a in &addresses {
+        assert!(out.contains(&format!("released {a} ")), "{out}");
+    }
+    let held = claims_in(&s.client, &ns).await;
+    assert!(held.is_empty(), "{held:?}");
+    start_instance(&s, &ns);
+    launcher(&s, &ns, "virt-launcher-db-fffff", two, None);
+    let renewed = addresses_of(&s, &ns, "virt-launcher-db-fffff").await;
+    held_for(
+        &s,
+        &ns,
+        &renewed,
+        Some("virt-launcher-db-fffff"),
+        "started after the release",
+    )
+    .await;
 
     // Deleted: the VM, its instance and its pods go; GC gives the addresses back.
     s.must(
@@ -506,7 +438,7 @@ spec:
             "--ignore-not-found",
         ],
     );
-    gone(&s, &ns, "virt-launcher-db-ddddd").await;
+    gone(&s, &ns, "virt-launcher-db-fffff").await;
     wait_for(
         "the VM's addresses released",
         Duration::from_secs(180),

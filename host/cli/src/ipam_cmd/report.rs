@@ -10,7 +10,7 @@
 //!                          "ownerName"}}}, …]}
 //! ```
 
-use allot_core::audit::{Finding, HeldBy, KINDS, LeakWhy, PodId, Report};
+use allot_core::audit::{Finding, HeldBy, KINDS, PodId, Report};
 use allot_core::store::{Attachment, Claim, PodRef};
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
@@ -44,10 +44,12 @@ fn finding(f: &Finding) -> Value {
     let mut v = match f {
         Finding::LeakedClaim { claim: c, why } => json!({
             "address": c.address.to_string(),
-            "reason": match why {
-                LeakWhy::Gc(reason) => reason.as_str(),
-                LeakWhy::NotUsed { .. } => "not-used-by-its-pod",
-            },
+            "reason": why.as_str(),
+            "claim": claim(c),
+        }),
+        Finding::StatusDisagrees { claim: c, reported } => json!({
+            "address": c.address.to_string(),
+            "reported": reported.to_string(),
             "claim": claim(c),
         }),
         Finding::UnclaimedAddress {
@@ -129,7 +131,8 @@ pub fn print(report: &Report) {
         .collect();
     println!(
         "{}; `allotctl ipam check -o json > report.json`, then `allotctl ipam release \
-         --from-report report.json` releases the leaked claims still leaked then",
+         --from-report report.json` releases the leaked claims still leaked then, once GC \
+         would (its grace period after the report at least)",
         counts.join(", ")
     );
 }
@@ -143,6 +146,14 @@ fn text(v: &Value, key: &str) -> anyhow::Result<String> {
 
 fn optional(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// When a report was made (`checkedAt`, unix seconds): its leaks' first sighting.
+pub fn checked_at(report: &Value) -> anyhow::Result<u64> {
+    report
+        .get("checkedAt")
+        .and_then(Value::as_u64)
+        .context("`checkedAt` is missing: give the output of `allotctl ipam check -o json`")
 }
 
 /// The leaked claims a report lists, as they were found.
@@ -198,7 +209,8 @@ pub fn leaked_claims(report: &Value) -> anyhow::Result<Vec<Claim>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allot_core::gc::LeakReason;
+    use allot_core::audit::LeakWhy;
+    use allot_core::gc::{LeakReason, NotBefore};
 
     #[test]
     fn a_leaked_claim_reads_back_exactly_as_found() {
@@ -227,17 +239,29 @@ mod tests {
             findings: vec![
                 Finding::LeakedClaim {
                     claim: c.clone(),
-                    why: LeakWhy::Gc(LeakReason::PodDeleted),
+                    why: LeakWhy::Gc {
+                        reason: LeakReason::PodDeleted,
+                        not_before: NotBefore::AfterFirstSighting(0),
+                    },
                 },
                 Finding::LeakedClaim {
                     claim: detached.clone(),
-                    why: LeakWhy::Gc(LeakReason::StatefulSetGone),
+                    why: LeakWhy::Gc {
+                        reason: LeakReason::StatefulSetGone,
+                        not_before: NotBefore::AfterFirstSighting(0),
+                    },
                 },
             ],
         };
         let text = serde_json::to_string(&to_json(&report, 7)).unwrap();
-        let back = leaked_claims(&serde_json::from_str(&text).unwrap()).unwrap();
+        let value = serde_json::from_str(&text).unwrap();
+        let back = leaked_claims(&value).unwrap();
         assert_eq!(back, [c, detached]);
+        assert_eq!(
+            checked_at(&value).unwrap(),
+            7,
+            "the first sighting is read back"
+        );
         let err = leaked_claims(&json!({"kind": "Pod"})).unwrap_err();
         assert!(err.to_string().contains("IPAMReport"), "{err}");
     }
