@@ -1,6 +1,8 @@
 //! Prometheus metrics: allocations, releases, errors by reason, ADD latency, pool usage, and
 //! what of the configuration is not in force.
 
+use std::sync::atomic::AtomicU64;
+
 use allot_core::engine::PoolUsage;
 
 use crate::config::ConfigState;
@@ -45,7 +47,9 @@ pub struct Metrics {
     pub releases: Counter,
     pub errors: Family<ReasonLabel, Counter>,
     pub add_seconds: Histogram,
-    pub pool_addresses: Family<PoolLabel, Gauge>,
+    /// Per pool and state; a float, since an IPv6 pool's counts pass any integer gauge's range
+    /// (2^64 addresses in a /64), and a dashboard wants the real count, not a saturated one.
+    pub pool_addresses: Family<PoolLabel, Gauge<f64, AtomicU64>>,
     pub config_problems: Family<StateLabel, Gauge>,
     pub degraded: Gauge,
     /// Addresses found in use by another host on a pod's link (each one quarantined).
@@ -82,7 +86,7 @@ impl Metrics {
         let releases = Counter::default();
         let errors = Family::<ReasonLabel, Counter>::default();
         let add_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        let pool_addresses = Family::<PoolLabel, Gauge>::default();
+        let pool_addresses = Family::<PoolLabel, Gauge<f64, AtomicU64>>::default();
         let config_problems = Family::<StateLabel, Gauge>::default();
         let degraded = Gauge::default();
         let lost_races = Counter::default();
@@ -266,7 +270,7 @@ impl Metrics {
                         pool: u.name.clone(),
                         state: state.to_string(),
                     })
-                    .set(i64::try_from(value).unwrap_or(i64::MAX));
+                    .set(value as f64);
             }
         }
         let mut out = String::new();
@@ -279,6 +283,8 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::Metrics;
+    use allot_core::addr::IpFamily;
+    use allot_core::engine::{PoolState, PoolUsage};
     use allot_policy::FaultKey;
 
     #[test]
@@ -302,5 +308,29 @@ mod tests {
             m.encode(&[], 0, &[(trap, 5)])
                 .contains("allot_policy_faults_total{kind=\"trap\",outcome=\"failed\"} 5")
         );
+    }
+
+    /// An IPv6 /64 has more free addresses than any signed 64-bit gauge holds: the metric shows
+    /// the real count (as a float), not a saturated 9223372036854775807.
+    #[test]
+    fn an_ipv6_pools_counts_are_real() {
+        let usage = PoolUsage {
+            name: "v6".into(),
+            family: IpFamily::V6,
+            total: u64::MAX,
+            free: u64::MAX - 3,
+            cooling: 0,
+            cooldown_cut_short: 0,
+            claims: 3,
+            state: PoolState::Serving,
+        };
+        let text = Metrics::new().encode(&[usage], 0, &[]);
+        let free: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("allot_pool_addresses{pool=\"v6\",state=\"free\"} "))
+            .unwrap_or_else(|| panic!("no free count in:\n{text}"))
+            .parse()
+            .unwrap();
+        assert!(free > 1.8e19, "{free}");
     }
 }

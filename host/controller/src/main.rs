@@ -9,6 +9,11 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: not in a file, a pipe or a container's log.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
     let args = match allot_controller::args::ControllerArgs::parse_with_env() {
         Ok(a) => a,

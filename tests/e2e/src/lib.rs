@@ -7,8 +7,10 @@
 //! network namespace, and everything a test created is removed when its guard drops, panic or
 //! not. Names carry the process id and a counter, so tests run in parallel.
 //!
-//! Tests call [`Lab::new`] first: it returns `None` (after printing `SKIP: ...`) when the
-//! machine cannot run them (not root, or containernetworking-plugins missing).
+//! Tests call [`Lab::new`] first. A machine that cannot run them (not root, or
+//! containernetworking-plugins missing) fails them, saying what is missing: a test that did not
+//! run must not count as passed. `ALLOT_E2E_SKIP=<why>` skips them on purpose (`None`, after
+//! printing `SKIP: ...`), as `ALLOT_LAB_SKIP` does for the lab's.
 
 mod agent;
 mod cni;
@@ -50,8 +52,8 @@ pub fn unique_name(prefix: &str) -> String {
     name
 }
 
-/// Why the end-to-end tests cannot run here, if they cannot.
-pub fn skip_reason() -> Option<String> {
+/// What this machine lacks to run the end-to-end tests, if anything.
+pub fn missing() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Some("needs root (network namespaces, veth pairs, bridges)".into());
@@ -66,15 +68,21 @@ pub fn skip_reason() -> Option<String> {
     None
 }
 
-/// True (after printing `SKIP: <test>: <reason>`) when this machine cannot run the test.
+/// True (after printing `SKIP: <test>: <reason>`) when `ALLOT_E2E_SKIP` is set: the tests are
+/// skipped on purpose, and say so. Otherwise a machine that cannot run `test` fails it, naming
+/// what is missing: a test that did not run must not pass.
 pub fn skip(test: &str) -> bool {
-    match skip_reason() {
-        Some(reason) => {
-            println!("SKIP: {test}: {reason}");
-            true
-        }
-        None => false,
+    if let Ok(why) = std::env::var("ALLOT_E2E_SKIP") {
+        println!("SKIP: {test}: ALLOT_E2E_SKIP is set ({why})");
+        return true;
     }
+    if let Some(reason) = missing() {
+        panic!(
+            "{test} cannot run here: {reason}; run it as root where scripts/setup.sh ran (CI \
+             does), or set ALLOT_E2E_SKIP=<why> to skip the end-to-end tests on purpose"
+        );
+    }
+    false
 }
 
 /// The directory holding the workspace's binaries: `$ALLOT_BIN_DIR`, else the profile directory

@@ -234,7 +234,7 @@ fn gc_on_one_node_never_releases_another_nodes_claims() {
     let gone_from_a = Attachment::new("gone-from-a");
     let on_b = Attachment::new("on-b");
     lab.bridge_add(&on_a, &conf_a);
-    lab.bridge_add(&gone_from_a, &conf_a);
+    let gone_result = lab.bridge_add(&gone_from_a, &conf_a).json.unwrap();
     let b_result = lab.bridge_add(&on_b, &conf_b).json.unwrap();
 
     // Node A's runtime: on-a runs, gone-from-a is gone without a DEL; it knows nothing of B.
@@ -249,7 +249,9 @@ fn gc_on_one_node_never_releases_another_nodes_claims() {
             &[&on_a],
         ),
     );
-    check(&lab, &gone_from_a, &conf_a, &b_result).expect_failure();
+    // CHECK against each attachment's own result: gone-from-a's claim is released (CHECK fails
+    // only because of that), on-b's is intact.
+    check(&lab, &gone_from_a, &conf_a, &gone_result).expect_failure();
     check(&lab, &on_b, &conf_b, &b_result).expect_ok();
     lab.eventually(
         "both nodes see two addresses held",

@@ -1,6 +1,7 @@
-//! The user-facing shapes of fleet ranges with REFERENCE.md's (Kubermatic's) field names:
-//! `IPAMPool` (cluster-scoped, one pool per datacenter) and `IPAMAllocation` (in the cluster's
-//! namespace, named after the pool). Unknown fields are rejected, so a typo is an error naming
+//! The user-facing shapes of fleet ranges with Kubermatic's field names (KKP's multi-cluster
+//! IPAM, `kubermatic/kubermatic` `docs/proposals/multi-cluster-ipam.md` and its
+//! `kubermatic.k8c.io/v1` IPAMPool and IPAMAllocation types): `IPAMPool` (cluster-scoped, one
+//! pool per datacenter) and `IPAMAllocation` (in the cluster's namespace, named after the pool). Unknown fields are rejected, so a typo is an error naming
 //! the field.
 
 use std::collections::BTreeMap;

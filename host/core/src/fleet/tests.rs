@@ -1,4 +1,6 @@
-//! The behaviours of the proposal and of REFERENCE.md's "Fleet ranges", one test each.
+//! The behaviours of Kubermatic's multi-cluster IPAM proposal (`kubermatic/kubermatic`
+//! `docs/proposals/multi-cluster-ipam.md`) and of KKP's IPAMPool and IPAMAllocation as users know
+//! them, one test each.
 
 use super::*;
 
