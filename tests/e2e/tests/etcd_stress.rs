@@ -19,12 +19,17 @@ fn address(i: u32) -> IpAddr {
 /// 16 clients (each its own connection, as 16 agents would be) race for 100,000 addresses:
 /// every address is tried by two clients at about the same moment. Each address is won exactly
 /// once, and etcd (read with etcdctl, not through allot) holds exactly the winners' claims.
+///
+/// A call that fails with `Unavailable` (its deadline passed on a busy machine) may still have
+/// been applied by etcd: a retry that then loses names an address whose winner only etcd knows
+/// (the ambiguous case). Such an address is settled by what etcd holds: it must be one of its
+/// two racers', and no other.
 #[test]
 fn sixteen_clients_racing_for_100000_addresses_claim_each_exactly_once() {
     let etcd = EtcdServer::start();
     let config = EtcdConfig::from_url(&etcd.url()).unwrap();
     let started = Instant::now();
-    let results: Vec<(Vec<u32>, usize)> = std::thread::scope(|s| {
+    let results: Vec<(Vec<u32>, usize, Vec<u32>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..CLIENTS)
             .map(|t| {
                 let config = config.clone();
@@ -40,7 +45,7 @@ fn sixteen_clients_racing_for_100000_addresses_claim_each_exactly_once() {
                         uid: format!("uid-{t}"),
                         ..PodRef::default()
                     };
-                    let (mut won, mut lost) = (Vec::new(), 0);
+                    let (mut won, mut lost, mut ambiguous) = (Vec::new(), 0, Vec::new());
                     let mine = [t as u32, ((t + CLIENTS - 1) % CLIENTS) as u32];
                     for i in (0..ADDRESSES).filter(|i| mine.contains(&(i % CLIENTS as u32))) {
                         let claim = Claim {
@@ -56,6 +61,10 @@ fn sixteen_clients_racing_for_100000_addresses_claim_each_exactly_once() {
                         loop {
                             match store.claim(std::slice::from_ref(&claim)) {
                                 Ok(()) => won.push(i),
+                                // Lost, or won by the try that timed out.
+                                Err(StoreError::Conflict(a)) if a == claim.address && tries > 0 => {
+                                    ambiguous.push(i)
+                                }
                                 Err(StoreError::Conflict(a)) if a == claim.address => lost += 1,
                                 Err(StoreError::Unavailable(e)) if tries < 5 => {
                                     tries += 1;
@@ -67,17 +76,31 @@ fn sixteen_clients_racing_for_100000_addresses_claim_each_exactly_once() {
                             break;
                         }
                     }
-                    (won, lost)
+                    (won, lost, ambiguous)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let elapsed = started.elapsed();
-    let lost: usize = results.iter().map(|(_, l)| l).sum();
+    let stored: BTreeMap<IpAddr, String> = EtcdStore::connect(&config)
+        .unwrap()
+        .all()
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.address, c.attachment.expect("attached").container_id))
+        .collect();
+    let mut lost: usize = results.iter().map(|(_, l, _)| l).sum();
     let mut winner: BTreeMap<u32, usize> = BTreeMap::new();
-    for (t, (won, _)) in results.iter().enumerate() {
-        for &i in won {
+    for (t, (won, _, ambiguous)) in results.iter().enumerate() {
+        let settled = ambiguous.iter().filter(|&&i| {
+            let mine = stored.get(&address(i)) == Some(&format!("client-{t}"));
+            if !mine {
+                lost += 1;
+            }
+            mine
+        });
+        for &i in won.iter().chain(settled) {
             if let Some(other) = winner.insert(i, t) {
                 panic!("{} won by clients {other} and {t}", address(i));
             }
@@ -160,6 +183,12 @@ fn ten_agents_on_one_etcd_serve_1000_concurrent_adds_without_duplicates_or_leaks
 
     for out in fleet.run("DEL", &pods, PARALLEL).0 {
         out.expect_ok();
+    }
+    // A DEL the agent could not finish in time (etcd slow on a busy machine) is journaled and
+    // reported done, as the CNI spec asks; the agent settles it at its next tick (a second).
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while etcd.count("/allot/claims/") > 0 && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(500));
     }
     assert_eq!(etcd.count("/allot/claims/"), 0, "no claim leaked");
     assert_eq!(etcd.count("/allot/index/"), 0, "no index key leaked");
