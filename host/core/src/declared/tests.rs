@@ -1,0 +1,174 @@
+use super::*;
+use crate::spec::{ObjectMeta, ReservedIpSpec};
+
+fn kept(owner: &For, family: IpFamily, ips: &[&str]) -> Kept {
+    Kept {
+        name: owner.reservation_name(family),
+        owner: owner.clone(),
+        ips: Some(AddrSet::parse_entries(family, ips).unwrap()),
+        deleting: false,
+    }
+}
+
+#[test]
+fn a_declared_list_is_kept_while_its_statefulset_declares_it() {
+    let db = For::statefulset("team-a", "db");
+    let declared = BTreeMap::from([(
+        db.clone(),
+        [vec!["192.0.2.10-192.0.2.12".to_string()], vec![]],
+    )]);
+    // Nothing kept yet: one ReservedIP, for IPv4 only.
+    let actions = plan(&declared, &[]);
+    assert_eq!(actions.len(), 1);
+    let Action::Apply(w) = &actions[0] else {
+        panic!("{actions:?}")
+    };
+    assert_eq!(w.name, "statefulset.team-a.db.ipv4");
+    assert_eq!(w.ips, vec!["192.0.2.10-192.0.2.12"]);
+    // Kept as declared (however written): nothing to do (scaling the StatefulSet changes
+    // nothing here).
+    let now = [kept(
+        &db,
+        IpFamily::V4,
+        &["192.0.2.10", "192.0.2.11-192.0.2.12"],
+    )];
+    assert!(plan(&declared, &now).is_empty());
+    // The list changes: applied again.
+    let grown = BTreeMap::from([(
+        db.clone(),
+        [vec!["192.0.2.10-192.0.2.14".to_string()], vec![]],
+    )]);
+    assert!(matches!(plan(&grown, &now)[..], [Action::Apply(_)]));
+    // The StatefulSet is gone: its ReservedIP is deleted; an unrelated one never is.
+    assert_eq!(
+        plan(&BTreeMap::new(), &now),
+        vec![Action::Delete {
+            name: "statefulset.team-a.db.ipv4".into(),
+            owner: db.clone()
+        }]
+    );
+}
+
+#[test]
+fn only_the_statefulsets_own_pods_pass_its_reservation() {
+    let db = For::statefulset("team-a", "db");
+    let mut meta = ObjectMeta {
+        name: db.reservation_name(IpFamily::V4),
+        ..Default::default()
+    };
+    meta.labels = db.labels();
+    let kept = Reserved::from_spec(
+        meta,
+        ReservedIpSpec {
+            ip_version: Some(4),
+            ips: vec!["192.0.2.10-192.0.2.12".into()],
+        },
+    )
+    .unwrap();
+    let other = Reserved::from_spec(
+        ObjectMeta {
+            name: "routers".into(),
+            ..Default::default()
+        },
+        ReservedIpSpec {
+            ip_version: Some(4),
+            ips: vec!["192.0.2.12".into()],
+        },
+    )
+    .unwrap();
+    let a = |s: &str| s.parse().unwrap();
+    let both = [kept.clone(), other];
+    let db_pod = Some(("StatefulSet", "db"));
+    assert!(reserved_for_pod(&both, a("192.0.2.10"), "team-a", db_pod));
+    assert!(!reserved_for_pod(&both, a("192.0.2.10"), "team-b", db_pod));
+    assert!(!reserved_for_pod(
+        &both,
+        a("192.0.2.10"),
+        "team-a",
+        Some(("StatefulSet", "web"))
+    ));
+    assert!(!reserved_for_pod(&both, a("192.0.2.10"), "team-a", None));
+    // Also reserved by a ReservedIP of someone else's: nobody gets it.
+    assert!(!reserved_for_pod(&both, a("192.0.2.12"), "team-a", db_pod));
+    // Not reserved at all: not this rule's business.
+    assert!(!reserved_for_pod(&both, a("192.0.2.50"), "team-a", db_pod));
+}
+
+#[test]
+fn the_webhook_refuses_addresses_outside_the_pools_or_held_by_someone_else() {
+    use crate::spec::IpPoolSpec;
+    use crate::store::{Claim, PodRef};
+    let pool = Pool::from_spec(
+        ObjectMeta {
+            name: "db-pool".into(),
+            ..Default::default()
+        },
+        IpPoolSpec {
+            subnet: "192.0.2.0/24".into(),
+            ips: vec!["192.0.2.10-192.0.2.50".into()],
+            exclude_ips: vec!["192.0.2.13".into()],
+            gateway: Some("192.0.2.1".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let db = For::statefulset("team-a", "db");
+    let claim = |address: &str, pod: &str, owner: &str| Claim {
+        address: address.parse().unwrap(),
+        pool: "db-pool".into(),
+        network: "net".into(),
+        attachment: None,
+        pod: PodRef {
+            namespace: "team-a".into(),
+            name: pod.into(),
+            uid: String::new(),
+            owner_kind: Some("StatefulSet".into()),
+            owner_name: Some(owner.into()),
+        },
+        node: String::new(),
+        updated_at: 0,
+    };
+    let claims = [
+        claim("192.0.2.10", "db-0", "db"),
+        claim("192.0.2.11", "web-0", "web"),
+    ];
+    let pools = [pool];
+    let against = Against {
+        pools: &pools,
+        reserved: &[],
+        claims: &claims,
+        allowed: None,
+    };
+    let check = |list: &[&str]| {
+        refusals(
+            &db,
+            &[(IpFamily::V4, list.iter().map(|s| s.to_string()).collect())],
+            &against,
+        )
+    };
+    // Its own pod's address is fine (a list re-applied while the StatefulSet runs).
+    assert!(check(&["192.0.2.10", "192.0.2.20-192.0.2.22"]).is_empty());
+    assert_eq!(
+        check(&["192.0.2.11"]),
+        ["192.0.2.11 is held by pod team-a/web-0"]
+    );
+    assert_eq!(check(&["198.51.100.7"]), ["198.51.100.7 is in no IPPool"]);
+    assert!(check(&["192.0.2.13"])[0].contains("excluded by IPPool db-pool"));
+    let named = ["other".to_string()];
+    let only_other = Against {
+        allowed: Some(&named),
+        ..against
+    };
+    let r = refusals(
+        &db,
+        &[(IpFamily::V4, vec!["192.0.2.20".into()])],
+        &only_other,
+    );
+    assert!(r[0].contains("does not allow"), "{r:?}");
+    let r = refusals(
+        &db,
+        &[(IpFamily::V4, vec!["192.0.2.0-192.0.255.255".into()])],
+        &only_other,
+    );
+    assert!(r[0].contains("at most 4096"), "{r:?}");
+}
