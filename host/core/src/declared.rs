@@ -8,6 +8,10 @@
 //! ordinal ([`reserved_for`] lets the engine tell the two apart). Deleting the StatefulSet
 //! deletes the ReservedIPs: the addresses are free again. Spiderpool keeps a StatefulSet's
 //! addresses only across restarts of one pod (spiderpool#3488, #3893: not across scale-down).
+//!
+//! A StatefulSet may declare only addresses of pools its pods may use (a pool's namespace and
+//! pod affinities, judged by the host as [`Barred`] verdicts): the webhook refuses others
+//! ([`refusals`]), so that no tenant can take another's addresses by declaring them.
 
 use std::collections::BTreeMap;
 
@@ -167,6 +171,70 @@ pub fn plan(declared: &BTreeMap<For, [Vec<String>; 2]>, kept: &[Kept]) -> Vec<Ac
 /// Addresses a StatefulSet may declare at most (the admission webhook checks each).
 pub const MAX_DECLARED: u64 = 4096;
 
+/// Why a workload's pods may not use an IPPool: its tenancy fields, as the default policy reads
+/// them. Core matches no selectors: the host judges each pool with the default policy's own
+/// namespace and pod rules and hands the verdicts in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Barred {
+    /// Its namespaceName (listed here), which does not name the workload's namespace.
+    NamespaceName(Vec<String>),
+    /// Its namespaceAffinity, which the labels of the workload's namespace do not match.
+    NamespaceAffinity,
+    /// Its podAffinity, which the labels of the workload's pod template do not match.
+    PodAffinity,
+}
+
+impl Barred {
+    /// Why, and what to do next, for the pods of `owner`'s namespace.
+    pub fn explain(&self, owner: &For) -> String {
+        let namespace = &owner.namespace;
+        match self {
+            Barred::NamespaceName(names) => format!(
+                "its namespaceName {names:?} does not name namespace {namespace}; declare \
+                 addresses of a pool that serves {namespace}, or have the pool's owner add \
+                 {namespace} to its namespaceName"
+            ),
+            Barred::NamespaceAffinity => format!(
+                "the labels of namespace {namespace} do not match its namespaceAffinity; declare \
+                 addresses of a pool that serves {namespace}, or have the namespace labelled as \
+                 the pool's namespaceAffinity asks"
+            ),
+            Barred::PodAffinity => "the labels of the pod template do not match its podAffinity; \
+                 label the pod template as the pool's podAffinity asks, or declare addresses of \
+                 another pool"
+                .to_string(),
+        }
+    }
+}
+
+/// `set`, which lies in pool `pool`, cannot be `owner`'s: its pods may not use the pool.
+fn barred_message(set: &AddrSet, pool: &str, barred: &Barred, owner: &For) -> String {
+    format!(
+        "{} in IPPool {pool}, which pods of {} {}/{} may not use: {}",
+        shown(set),
+        owner.kind,
+        owner.namespace,
+        owner.name,
+        barred.explain(owner)
+    )
+}
+
+/// Addresses as a person reads them, with their verb: the first few entries, then how many
+/// addresses there are in all.
+fn shown(set: &AddrSet) -> String {
+    const SHOWN: usize = 4;
+    let entries = set.to_entries();
+    let verb = if set.len() == 1 { "is" } else { "are" };
+    if entries.len() <= SHOWN {
+        return format!("{} {verb}", entries.join(", "));
+    }
+    format!(
+        "{}, … ({} addresses) {verb}",
+        entries[..SHOWN].join(", "),
+        set.len()
+    )
+}
+
 /// What the admission webhook checks a StatefulSet's declared addresses against.
 pub struct Against<'a> {
     pub pools: &'a [Pool],
@@ -176,12 +244,16 @@ pub struct Against<'a> {
     /// resolved); `None` when it names none (then any pool may be allowed, by the namespace's or
     /// the cluster's defaults).
     pub allowed: Option<&'a [String]>,
+    /// The pools the StatefulSet's pods may not use, by name, and why (absent: they may).
+    pub barred: &'a BTreeMap<String, Barred>,
 }
 
 /// Why `owner`'s declared addresses (`entries` per family) cannot be its: every address must be
-/// inside an allowed IPPool that may hand it out (in its ips, not excluded, not its gateway),
-/// reserved by no ReservedIP but the StatefulSet's own, and held by no pod but the
-/// StatefulSet's own. Empty when they can.
+/// inside an IPPool its pods may use (by the pool's namespace and pod affinities) and the
+/// template allows, that may hand it out (in its ips, not excluded, not its gateway), reserved
+/// by no ReservedIP but the StatefulSet's own, and held by no pod but the StatefulSet's own.
+/// Empty when they can. Addresses in pools its pods may not use come first, one refusal per
+/// pool.
 pub fn refusals(
     owner: &For,
     entries: &[(IpFamily, Vec<String>)],
@@ -209,18 +281,28 @@ pub fn refusals(
             .allowed
             .is_none_or(|names| names.iter().any(|n| n == pool.name()))
     };
+    let barred = |pool: &Pool| against.barred.get(pool.name());
+    // Addresses in pools its pods may not use, per pool.
+    let mut barred_in: BTreeMap<&str, (AddrSet, &Barred)> = BTreeMap::new();
+    let mut rest = Vec::new();
     for address in sets.iter().flat_map(AddrSet::iter) {
         let family = IpFamily::of(address);
-        let mut in_pools = against
-            .pools
-            .iter()
-            .filter(|p| p.family == family && p.ips.contains(address));
-        let Some(pool) = in_pools.find(|p| allowed(p)) else {
-            let also = against
+        let in_pools = || {
+            against
                 .pools
                 .iter()
-                .find(|p| p.family == family && p.ips.contains(address));
-            out.push(match also {
+                .filter(move |p| p.family == family && p.ips.contains(address))
+        };
+        let Some(pool) = in_pools().find(|p| allowed(p) && barred(p).is_none()) else {
+            if let Some((p, why)) = in_pools().find_map(|p| Some((p, barred(p)?))) {
+                barred_in
+                    .entry(p.name())
+                    .or_insert_with(|| (AddrSet::empty(family), why))
+                    .0
+                    .insert(address);
+                continue;
+            }
+            rest.push(match in_pools().next() {
                 Some(p) => format!(
                     "{address} is in IPPool {}, which the pod template's ippool/ippools \
                      annotation does not allow",
@@ -231,27 +313,27 @@ pub fn refusals(
             continue;
         };
         if pool.spec.disable || pool.terminating() {
-            out.push(format!(
+            rest.push(format!(
                 "{address} is in IPPool {}, which is disabled or being deleted",
                 pool.name()
             ));
             continue;
         }
         if pool.gateway == Some(address) {
-            out.push(format!(
+            rest.push(format!(
                 "{address} is the gateway of IPPool {}",
                 pool.name()
             ));
             continue;
         }
         if !pool.allocatable().contains(address) {
-            out.push(format!("{address} is excluded by IPPool {} (excludeIPs, or its subnet's network or broadcast address)", pool.name()));
+            rest.push(format!("{address} is excluded by IPPool {} (excludeIPs, or its subnet's network or broadcast address)", pool.name()));
             continue;
         }
         if let Some(r) = against.reserved.iter().find(|r| {
             r.reserves_address(address) && reserved_for(&r.meta.labels).as_ref() != Some(owner)
         }) {
-            out.push(format!(
+            rest.push(format!(
                 "{address} is reserved by ReservedIP {}",
                 r.meta.name
             ));
@@ -262,13 +344,17 @@ pub fn refusals(
                 && c.pod.owner_kind.as_deref() == Some(owner.kind.as_str())
                 && c.pod.owner_name.as_deref() == Some(owner.name.as_str());
             if !own {
-                out.push(format!(
+                rest.push(format!(
                     "{address} is held by pod {}/{}",
                     c.pod.namespace, c.pod.name
                 ));
             }
         }
     }
+    for (pool, (set, why)) in barred_in {
+        out.push(barred_message(&set, pool, why, owner));
+    }
+    out.extend(rest);
     out
 }
 

@@ -133,11 +133,13 @@ fn the_webhook_refuses_addresses_outside_the_pools_or_held_by_someone_else() {
         claim("192.0.2.11", "web-0", "web"),
     ];
     let pools = [pool];
+    let nothing_barred = BTreeMap::new();
     let against = Against {
         pools: &pools,
         reserved: &[],
         claims: &claims,
         allowed: None,
+        barred: &nothing_barred,
     };
     let check = |list: &[&str]| {
         refusals(
@@ -171,4 +173,87 @@ fn the_webhook_refuses_addresses_outside_the_pools_or_held_by_someone_else() {
         &only_other,
     );
     assert!(r[0].contains("at most 4096"), "{r:?}");
+}
+
+fn v4_pool(name: &str, ips: &str) -> Pool {
+    Pool::from_spec(
+        ObjectMeta {
+            name: name.into(),
+            ..Default::default()
+        },
+        crate::spec::IpPoolSpec {
+            subnet: "192.0.2.0/24".into(),
+            ips: vec![ips.into()],
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_webhook_refuses_addresses_in_pools_the_workloads_pods_may_not_use_once_per_pool() {
+    let db = For::statefulset("team-a", "db");
+    let pools = [
+        v4_pool("team-a-v4", "192.0.2.10-192.0.2.19"),
+        v4_pool("team-b-v4", "192.0.2.20-192.0.2.29"),
+        v4_pool("web-only-v4", "192.0.2.30-192.0.2.39"),
+    ];
+    let barred = BTreeMap::from([
+        (
+            "team-b-v4".to_string(),
+            Barred::NamespaceName(vec!["team-b".into()]),
+        ),
+        ("web-only-v4".to_string(), Barred::PodAffinity),
+    ]);
+    // The template names the foreign pool itself: its namespace still bars it.
+    let named = ["team-a-v4".to_string(), "team-b-v4".to_string()];
+    let against = Against {
+        pools: &pools,
+        reserved: &[],
+        claims: &[],
+        allowed: None,
+        barred: &barred,
+    };
+    let check = |against: &Against, list: &[&str]| {
+        refusals(
+            &db,
+            &[(IpFamily::V4, list.iter().map(|s| s.to_string()).collect())],
+            against,
+        )
+    };
+    assert!(check(&against, &["192.0.2.10-192.0.2.12"]).is_empty());
+    let r = check(
+        &against,
+        &[
+            "192.0.2.10",
+            "192.0.2.20-192.0.2.22",
+            "192.0.2.31",
+            "198.51.100.1",
+        ],
+    );
+    assert_eq!(r.len(), 3, "{r:?}");
+    assert!(
+        r[0].starts_with(
+            "192.0.2.20-192.0.2.22 are in IPPool team-b-v4, which pods of StatefulSet \
+             team-a/db may not use: its namespaceName [\"team-b\"] does not name namespace \
+             team-a; declare addresses of a pool that serves team-a"
+        ),
+        "{r:?}"
+    );
+    assert!(
+        r[1].starts_with(
+            "192.0.2.31 is in IPPool web-only-v4, which pods of StatefulSet team-a/db may \
+             not use: the labels of the pod template do not match its podAffinity"
+        ),
+        "{r:?}"
+    );
+    assert_eq!(r[2], "198.51.100.1 is in no IPPool");
+    let r = check(
+        &Against {
+            allowed: Some(&named),
+            ..against
+        },
+        &["192.0.2.25"],
+    );
+    assert!(r[0].contains("may not use"), "{r:?}");
 }
