@@ -11,7 +11,8 @@
 //!
 //! A StatefulSet may declare only addresses of pools its pods may use (a pool's namespace and
 //! pod affinities, judged by the host as [`Barred`] verdicts): the webhook refuses others
-//! ([`refusals`]), so that no tenant can take another's addresses by declaring them.
+//! ([`refusals`]), and the controller never reserves them ([`reservable`]), so that no tenant
+//! can take another's addresses by declaring them.
 
 use std::collections::BTreeMap;
 
@@ -355,6 +356,94 @@ pub fn refusals(
         out.push(barred_message(&set, pool, why, owner));
     }
     out.extend(rest);
+    out
+}
+
+/// Whether a workload's pods may use an IPPool, as the controller judges it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tenancy {
+    /// They may.
+    Usable,
+    /// They may not, and why.
+    Barred(Barred),
+    /// The pool cannot be read (invalid), so neither can its namespace and pod affinities.
+    Unknown(String),
+}
+
+/// An IPPool the controller holds a workload's declared addresses against.
+pub struct Judged<'a> {
+    pub name: &'a str,
+    /// What it lists, as far as that can be read.
+    pub addresses: &'a AddrSet,
+    pub tenancy: Tenancy,
+}
+
+/// What of a workload's declared addresses the controller reserves, and why it leaves the rest.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reservable {
+    /// Per family (IPv4, IPv6): the entries as written when nothing is left out, else what is
+    /// left, as ranges.
+    pub entries: [Vec<String>; 2],
+    /// Why addresses are left out, once per pool; empty when none is.
+    pub withheld: Vec<String>,
+}
+
+/// What of `owner`'s declared `entries` (per family) to reserve: never an address in a pool its
+/// pods may not use (admission refuses such a list; this is for one that got past it: the
+/// webhook down, the list older than the check, the pool or namespace changed since), and of
+/// an invalid pool's addresses only what `kept` reserves for it already, so that neither a
+/// list nor a pool that is not valid ever makes more addresses reserved than before.
+pub fn reservable(
+    owner: &For,
+    entries: &[Vec<String>; 2],
+    pools: &[Judged],
+    kept: &[Kept],
+) -> Reservable {
+    let mut out = Reservable::default();
+    for (i, family) in [IpFamily::V4, IpFamily::V6].into_iter().enumerate() {
+        let declared = AddrSet::parse_entries_lenient(family, &entries[i]).0;
+        let name = owner.reservation_name(family);
+        let already = kept
+            .iter()
+            .find(|k| k.name == name && &k.owner == owner && !k.deleting)
+            .and_then(|k| k.ips.clone())
+            .unwrap_or_else(|| AddrSet::empty(family));
+        let mut withheld = AddrSet::empty(family);
+        for pool in pools.iter().filter(|p| p.addresses.family() == family) {
+            let inside = declared.intersection(pool.addresses);
+            let (left_out, why) = match &pool.tenancy {
+                Tenancy::Usable => continue,
+                Tenancy::Barred(barred) => {
+                    let why = barred_message(&inside, pool.name, barred, owner);
+                    (inside, why)
+                }
+                Tenancy::Unknown(error) => {
+                    let left_out = inside.difference(&already);
+                    let why = format!(
+                        "{} in IPPool {}, which is not valid ({error}): whether pods of {} {}/{} \
+                         may use it cannot be told, so only what was reserved before stays \
+                         reserved; correct the pool",
+                        shown(&left_out),
+                        pool.name,
+                        owner.kind,
+                        owner.namespace,
+                        owner.name
+                    );
+                    (left_out, why)
+                }
+            };
+            if left_out.is_empty() {
+                continue;
+            }
+            out.withheld.push(format!("not reserved: {why}"));
+            withheld = withheld.union(&left_out);
+        }
+        out.entries[i] = if withheld.is_empty() {
+            entries[i].clone()
+        } else {
+            declared.difference(&withheld).to_entries()
+        };
+    }
     out
 }
 

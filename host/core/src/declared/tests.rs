@@ -257,3 +257,91 @@ fn the_webhook_refuses_addresses_in_pools_the_workloads_pods_may_not_use_once_pe
     );
     assert!(r[0].contains("may not use"), "{r:?}");
 }
+
+#[test]
+fn the_controller_reserves_nothing_in_a_pool_the_workloads_pods_may_not_use() {
+    let db = For::statefulset("team-a", "db");
+    let ours = AddrSet::parse_entries(IpFamily::V4, &["192.0.2.10-192.0.2.19"]).unwrap();
+    let theirs = AddrSet::parse_entries(IpFamily::V4, &["192.0.2.20-192.0.2.29"]).unwrap();
+    let broken = AddrSet::parse_entries(IpFamily::V4, &["192.0.2.30-192.0.2.39"]).unwrap();
+    let judged = |theirs_tenancy: Tenancy| {
+        vec![
+            Judged {
+                name: "team-a-v4",
+                addresses: &ours,
+                tenancy: Tenancy::Usable,
+            },
+            Judged {
+                name: "team-b-v4",
+                addresses: &theirs,
+                tenancy: theirs_tenancy,
+            },
+            Judged {
+                name: "broken",
+                addresses: &broken,
+                tenancy: Tenancy::Unknown("ips: `x` is not an address".into()),
+            },
+        ]
+    };
+    let declared = [
+        vec![
+            "192.0.2.12".to_string(),
+            "192.0.2.10-192.0.2.11".to_string(),
+            "192.0.2.20-192.0.2.21".to_string(),
+        ],
+        vec![],
+    ];
+    // Its pods may use both pools: reserved as written.
+    let all = reservable(&db, &declared, &judged(Tenancy::Usable), &[]);
+    assert_eq!(all.entries, declared);
+    assert!(all.withheld.is_empty());
+    // team-b-v4 serves only team-b: its addresses are left out, and said why.
+    let barred = Tenancy::Barred(Barred::NamespaceName(vec!["team-b".into()]));
+    let r = reservable(&db, &declared, &judged(barred.clone()), &[]);
+    assert_eq!(
+        r.entries,
+        [vec!["192.0.2.10-192.0.2.12".to_string()], vec![]]
+    );
+    assert_eq!(r.withheld.len(), 1, "{r:?}");
+    assert!(
+        r.withheld[0].starts_with(
+            "not reserved: 192.0.2.20-192.0.2.21 are in IPPool team-b-v4, which pods of \
+             StatefulSet team-a/db may not use"
+        ),
+        "{r:?}"
+    );
+    // Reserved before the check existed: taken out all the same.
+    let before = [kept(
+        &db,
+        IpFamily::V4,
+        &["192.0.2.10-192.0.2.12", "192.0.2.20-192.0.2.21"],
+    )];
+    let r = reservable(&db, &declared, &judged(barred), &before);
+    assert_eq!(r.entries[0], ["192.0.2.10-192.0.2.12"]);
+    // Only its addresses in a barred pool: nothing of the family is reserved.
+    let foreign_only = [vec!["192.0.2.20".to_string()], vec![]];
+    let r = reservable(
+        &db,
+        &foreign_only,
+        &judged(Tenancy::Barred(Barred::NamespaceAffinity)),
+        &[],
+    );
+    assert!(r.entries[0].is_empty(), "{r:?}");
+    assert!(r.withheld[0].contains("namespaceAffinity"), "{r:?}");
+    // An invalid pool: whether its pods may use it cannot be told, so of its addresses only
+    // what was reserved already stays reserved.
+    let into_broken = [vec!["192.0.2.30-192.0.2.33".to_string()], vec![]];
+    let r = reservable(&db, &into_broken, &judged(Tenancy::Usable), &[]);
+    assert!(r.entries[0].is_empty(), "{r:?}");
+    assert!(
+        r.withheld[0].contains("IPPool broken, which is not valid"),
+        "{r:?}"
+    );
+    let had = [kept(&db, IpFamily::V4, &["192.0.2.30-192.0.2.31"])];
+    let r = reservable(&db, &into_broken, &judged(Tenancy::Usable), &had);
+    assert_eq!(r.entries[0], ["192.0.2.30-192.0.2.31"]);
+    assert!(
+        r.withheld[0].starts_with("not reserved: 192.0.2.32-192.0.2.33 are"),
+        "{r:?}"
+    );
+}
