@@ -4,22 +4,23 @@
 //!
 //! [`AutoPools::run`] watches Deployments, StatefulSets, ReplicaSets, Jobs, DaemonSets,
 //! CronJobs, the objects of every other kind with a `scale` subresource it may read
-//! ([`scalable`]), IPPools, Subnets and ReservedIPs into a [`WorkloadIndex`], and, while this replica
-//! leads, runs a reconcile pass whenever what the decisions read changes, every
-//! `--auto-pool-resync-seconds` (claims released since may let a pool shrink), and with backoff
-//! after a pass that could not finish. A pass plans in core and writes here
-//! ([`reconcile`]).
+//! ([`scalable`]), IPPools, Subnets, ReservedIPs and Namespaces (their labels) into a
+//! [`WorkloadIndex`], and, while this replica leads, runs a reconcile pass whenever what the
+//! decisions read changes, every `--auto-pool-resync-seconds` (claims released since may let a
+//! pool shrink), and with backoff after a pass that could not finish. A pass plans in core and
+//! writes here ([`reconcile`]).
 //!
 //! The same passes keep StatefulSets' declared addresses (`ipam.allot.dev/ordinal-ips`)
-//! reserved for them: one ReservedIP per StatefulSet and family ([`declared`]).
+//! reserved for them: one ReservedIP per StatefulSet and family, only in pools its pods may use
+//! ([`declared`]).
 //!
 //! RBAC: get, list, watch on deployments, statefulsets, replicasets, daemonsets (apps) and jobs,
 //! cronjobs (batch); list, watch and get on the `scale` subresource of each other scalable kind
 //! to follow (the chart's `controller.autoPools.scalableWorkloads`); create on
 //! selfsubjectaccessreviews (every user may); get, list, watch, create, patch, delete on ippools.allot.dev; get, list,
 //! watch, create, patch, delete on reservedips.allot.dev; get, list, watch on
-//! subnets.allot.dev; create, patch on events.k8s.io events; and what the claim store reads
-//! (list, watch on ipblocks.allot.dev).
+//! subnets.allot.dev; list, watch on namespaces; create, patch on events.k8s.io events; and
+//! what the claim store reads (list, watch on ipblocks.allot.dev).
 
 mod declared;
 mod reconcile;
@@ -37,7 +38,9 @@ use allot_core::store::Store;
 use allot_index::{Shared, WorkloadIndex, feed, pool_document_feeds};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinSet;
 
@@ -110,11 +113,11 @@ impl AutoPools {
         let reconciler = Passes {
             pools: Reconciler::new(
                 self.client.clone(),
-                recorder,
+                recorder.clone(),
                 self.leadership.clone(),
                 self.store.clone(),
             ),
-            declared: Keeper::new(self.client.clone(), self.leadership.clone()),
+            declared: Keeper::new(self.client.clone(), self.leadership.clone(), recorder),
         };
         let resync = Duration::from_secs(self.args.resync_seconds);
         tokio::select! {
@@ -143,6 +146,16 @@ pub fn watch(index: &Arc<Shared<WorkloadIndex>>, client: &kube::Client) -> JoinS
     typed!(Job);
     typed!(DaemonSet);
     typed!(CronJob);
+    // Namespaces' labels (a pool's namespaceAffinity, for StatefulSets' declared addresses).
+    set.spawn(feed(
+        index.clone(),
+        watcher(
+            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            config.clone(),
+        )
+        .default_backoff(),
+        |o| o,
+    ));
     for watch in pool_document_feeds(index, client, &config) {
         set.spawn(watch);
     }

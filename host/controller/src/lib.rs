@@ -16,6 +16,8 @@
 //!   Events, and `allotctl ipam check`'s findings.
 //! - [`kubevirt`]: KubeVirt's virtual machines followed (when served) so that GC keeps a VM's
 //!   address while the VM exists.
+//! - [`tenancy`]: which pools a workload's pods may use before any exists (a StatefulSet's
+//!   declared addresses), by the default policy's namespace and pod rules.
 //! - [`uninstall`]: `--remove-webhook-configurations`, once no replica leads.
 
 pub mod args;
@@ -31,5 +33,6 @@ pub mod passes;
 pub mod pools;
 pub mod run;
 pub mod serve;
+pub mod tenancy;
 pub mod uninstall;
 pub mod webhook;

@@ -1,13 +1,11 @@
 //! Every admission rule, allowed and denied, through the handlers the HTTPS server calls: the
 //! objects are read from the in-memory API server (tests/apiserver), the claims from a store.
 
-use std::sync::Arc;
+mod common;
 
-use allot_controller::webhook::admit::{self, Lookup};
-use allot_core::store::{Attachment, Claim, MemoryStore, PodRef, Store};
-use allot_test_apiserver::ApiServer;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use allot_controller::webhook::admit;
+use allot_core::store::{Attachment, Claim, PodRef};
+use common::admission::{Cluster, request};
 use serde_json::{Value, json};
 
 fn ippool(name: &str, spec: Value) -> Value {
@@ -36,31 +34,6 @@ fn ipam_allocation(namespace: &str, name: &str, spec: Value) -> Value {
            "metadata": {"name": name, "namespace": namespace}, "spec": spec})
 }
 
-/// An AdmissionReview's request as the API server sends it.
-fn request(
-    operation: &str,
-    object: Option<&Value>,
-    old: Option<&Value>,
-) -> AdmissionRequest<DynamicObject> {
-    let some = object.or(old).expect("an object or an old object");
-    let kind = some["kind"].as_str().unwrap();
-    let name = some["metadata"]["name"].as_str().unwrap();
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": "6f1e-uid", "operation": operation, "name": name,
-            "namespace": some["metadata"]["namespace"],
-            "kind": {"group": "allot.dev", "version": "v1alpha1", "kind": kind},
-            "resource": {"group": "allot.dev", "version": "v1alpha1",
-                         "resource": format!("{}s", kind.to_lowercase())},
-            "userInfo": {"username": "admin"},
-            "object": object, "oldObject": old, "dryRun": false,
-        }
-    });
-    let review: AdmissionReview<DynamicObject> = serde_json::from_value(review).unwrap();
-    review.try_into().unwrap()
-}
-
 fn claim(address: &str, pool: &str, pod: &str) -> Claim {
     Claim {
         address: address.parse().unwrap(),
@@ -78,61 +51,6 @@ fn claim(address: &str, pool: &str, pod: &str) -> Claim {
         },
         node: String::new(),
         updated_at: 0,
-    }
-}
-
-struct Cluster {
-    server: ApiServer,
-    lookup: Lookup,
-}
-
-impl Cluster {
-    fn new(objects: &[(&str, Value)], claims: &[Claim]) -> Cluster {
-        let server = ApiServer::new();
-        for (plural, object) in objects {
-            server.insert(plural, object.clone());
-        }
-        let store = MemoryStore::new();
-        store.claim(claims).unwrap();
-        let lookup = Lookup::new(server.client(), Arc::new(store));
-        Cluster { server, lookup }
-    }
-
-    async fn validate(
-        &self,
-        op: &str,
-        object: Option<&Value>,
-        old: Option<&Value>,
-    ) -> AdmissionResponse {
-        let request = request(op, object, old);
-        let response = admit::validate(&request, &self.lookup).await;
-        assert_eq!(response.uid, "6f1e-uid", "the response answers the request");
-        response
-    }
-
-    async fn allowed(&self, op: &str, object: Option<&Value>, old: Option<&Value>) {
-        let r = self.validate(op, object, old).await;
-        assert!(r.allowed, "refused: {}", r.result.message);
-    }
-
-    /// The refusal's message, which must contain each of `expected`.
-    async fn denied(
-        &self,
-        op: &str,
-        object: Option<&Value>,
-        old: Option<&Value>,
-        expected: &[&str],
-    ) -> String {
-        let r = self.validate(op, object, old).await;
-        assert!(!r.allowed, "allowed, expected a refusal with {expected:?}");
-        for e in expected {
-            assert!(
-                r.result.message.contains(e),
-                "{:?} lacks {e:?}",
-                r.result.message
-            );
-        }
-        r.result.message
     }
 }
 

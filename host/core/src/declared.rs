@@ -8,6 +8,11 @@
 //! ordinal ([`reserved_for`] lets the engine tell the two apart). Deleting the StatefulSet
 //! deletes the ReservedIPs: the addresses are free again. Spiderpool keeps a StatefulSet's
 //! addresses only across restarts of one pod (spiderpool#3488, #3893: not across scale-down).
+//!
+//! A StatefulSet may declare only addresses of pools its pods may use (a pool's namespace and
+//! pod affinities, judged by the host as [`Barred`] verdicts): the webhook refuses others
+//! ([`refusals`]), and the controller never reserves them ([`reservable`]), so that no tenant
+//! can take another's addresses by declaring them.
 
 use std::collections::BTreeMap;
 
@@ -167,6 +172,70 @@ pub fn plan(declared: &BTreeMap<For, [Vec<String>; 2]>, kept: &[Kept]) -> Vec<Ac
 /// Addresses a StatefulSet may declare at most (the admission webhook checks each).
 pub const MAX_DECLARED: u64 = 4096;
 
+/// Why a workload's pods may not use an IPPool: its tenancy fields, as the default policy reads
+/// them. Core matches no selectors: the host judges each pool with the default policy's own
+/// namespace and pod rules and hands the verdicts in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Barred {
+    /// Its namespaceName (listed here), which does not name the workload's namespace.
+    NamespaceName(Vec<String>),
+    /// Its namespaceAffinity, which the labels of the workload's namespace do not match.
+    NamespaceAffinity,
+    /// Its podAffinity, which the labels of the workload's pod template do not match.
+    PodAffinity,
+}
+
+impl Barred {
+    /// Why, and what to do next, for the pods of `owner`'s namespace.
+    pub fn explain(&self, owner: &For) -> String {
+        let namespace = &owner.namespace;
+        match self {
+            Barred::NamespaceName(names) => format!(
+                "its namespaceName {names:?} does not name namespace {namespace}; declare \
+                 addresses of a pool that serves {namespace}, or have the pool's owner add \
+                 {namespace} to its namespaceName"
+            ),
+            Barred::NamespaceAffinity => format!(
+                "the labels of namespace {namespace} do not match its namespaceAffinity; declare \
+                 addresses of a pool that serves {namespace}, or have the namespace labelled as \
+                 the pool's namespaceAffinity asks"
+            ),
+            Barred::PodAffinity => "the labels of the pod template do not match its podAffinity; \
+                 label the pod template as the pool's podAffinity asks, or declare addresses of \
+                 another pool"
+                .to_string(),
+        }
+    }
+}
+
+/// `set`, which lies in pool `pool`, cannot be `owner`'s: its pods may not use the pool.
+fn barred_message(set: &AddrSet, pool: &str, barred: &Barred, owner: &For) -> String {
+    format!(
+        "{} in IPPool {pool}, which pods of {} {}/{} may not use: {}",
+        shown(set),
+        owner.kind,
+        owner.namespace,
+        owner.name,
+        barred.explain(owner)
+    )
+}
+
+/// Addresses as a person reads them, with their verb: the first few entries, then how many
+/// addresses there are in all.
+fn shown(set: &AddrSet) -> String {
+    const SHOWN: usize = 4;
+    let entries = set.to_entries();
+    let verb = if set.len() == 1 { "is" } else { "are" };
+    if entries.len() <= SHOWN {
+        return format!("{} {verb}", entries.join(", "));
+    }
+    format!(
+        "{}, … ({} addresses) {verb}",
+        entries[..SHOWN].join(", "),
+        set.len()
+    )
+}
+
 /// What the admission webhook checks a StatefulSet's declared addresses against.
 pub struct Against<'a> {
     pub pools: &'a [Pool],
@@ -176,12 +245,16 @@ pub struct Against<'a> {
     /// resolved); `None` when it names none (then any pool may be allowed, by the namespace's or
     /// the cluster's defaults).
     pub allowed: Option<&'a [String]>,
+    /// The pools the StatefulSet's pods may not use, by name, and why (absent: they may).
+    pub barred: &'a BTreeMap<String, Barred>,
 }
 
 /// Why `owner`'s declared addresses (`entries` per family) cannot be its: every address must be
-/// inside an allowed IPPool that may hand it out (in its ips, not excluded, not its gateway),
-/// reserved by no ReservedIP but the StatefulSet's own, and held by no pod but the
-/// StatefulSet's own. Empty when they can.
+/// inside an IPPool its pods may use (by the pool's namespace and pod affinities) and the
+/// template allows, that may hand it out (in its ips, not excluded, not its gateway), reserved
+/// by no ReservedIP but the StatefulSet's own, and held by no pod but the StatefulSet's own.
+/// Empty when they can. Addresses in pools its pods may not use come first, one refusal per
+/// pool.
 pub fn refusals(
     owner: &For,
     entries: &[(IpFamily, Vec<String>)],
@@ -209,18 +282,28 @@ pub fn refusals(
             .allowed
             .is_none_or(|names| names.iter().any(|n| n == pool.name()))
     };
+    let barred = |pool: &Pool| against.barred.get(pool.name());
+    // Addresses in pools its pods may not use, per pool.
+    let mut barred_in: BTreeMap<&str, (AddrSet, &Barred)> = BTreeMap::new();
+    let mut rest = Vec::new();
     for address in sets.iter().flat_map(AddrSet::iter) {
         let family = IpFamily::of(address);
-        let mut in_pools = against
-            .pools
-            .iter()
-            .filter(|p| p.family == family && p.ips.contains(address));
-        let Some(pool) = in_pools.find(|p| allowed(p)) else {
-            let also = against
+        let in_pools = || {
+            against
                 .pools
                 .iter()
-                .find(|p| p.family == family && p.ips.contains(address));
-            out.push(match also {
+                .filter(move |p| p.family == family && p.ips.contains(address))
+        };
+        let Some(pool) = in_pools().find(|p| allowed(p) && barred(p).is_none()) else {
+            if let Some((p, why)) = in_pools().find_map(|p| Some((p, barred(p)?))) {
+                barred_in
+                    .entry(p.name())
+                    .or_insert_with(|| (AddrSet::empty(family), why))
+                    .0
+                    .insert(address);
+                continue;
+            }
+            rest.push(match in_pools().next() {
                 Some(p) => format!(
                     "{address} is in IPPool {}, which the pod template's ippool/ippools \
                      annotation does not allow",
@@ -231,27 +314,27 @@ pub fn refusals(
             continue;
         };
         if pool.spec.disable || pool.terminating() {
-            out.push(format!(
+            rest.push(format!(
                 "{address} is in IPPool {}, which is disabled or being deleted",
                 pool.name()
             ));
             continue;
         }
         if pool.gateway == Some(address) {
-            out.push(format!(
+            rest.push(format!(
                 "{address} is the gateway of IPPool {}",
                 pool.name()
             ));
             continue;
         }
         if !pool.allocatable().contains(address) {
-            out.push(format!("{address} is excluded by IPPool {} (excludeIPs, or its subnet's network or broadcast address)", pool.name()));
+            rest.push(format!("{address} is excluded by IPPool {} (excludeIPs, or its subnet's network or broadcast address)", pool.name()));
             continue;
         }
         if let Some(r) = against.reserved.iter().find(|r| {
             r.reserves_address(address) && reserved_for(&r.meta.labels).as_ref() != Some(owner)
         }) {
-            out.push(format!(
+            rest.push(format!(
                 "{address} is reserved by ReservedIP {}",
                 r.meta.name
             ));
@@ -262,190 +345,107 @@ pub fn refusals(
                 && c.pod.owner_kind.as_deref() == Some(owner.kind.as_str())
                 && c.pod.owner_name.as_deref() == Some(owner.name.as_str());
             if !own {
-                out.push(format!(
+                rest.push(format!(
                     "{address} is held by pod {}/{}",
                     c.pod.namespace, c.pod.name
                 ));
             }
         }
     }
+    for (pool, (set, why)) in barred_in {
+        out.push(barred_message(&set, pool, why, owner));
+    }
+    out.extend(rest);
+    out
+}
+
+/// Whether a workload's pods may use an IPPool, as the controller judges it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tenancy {
+    /// They may.
+    Usable,
+    /// They may not, and why.
+    Barred(Barred),
+    /// The pool cannot be read (invalid), so neither can its namespace and pod affinities.
+    Unknown(String),
+}
+
+/// An IPPool the controller holds a workload's declared addresses against.
+pub struct Judged<'a> {
+    pub name: &'a str,
+    /// What it lists, as far as that can be read.
+    pub addresses: &'a AddrSet,
+    pub tenancy: Tenancy,
+}
+
+/// What of a workload's declared addresses the controller reserves, and why it leaves the rest.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reservable {
+    /// Per family (IPv4, IPv6): the entries as written when nothing is left out, else what is
+    /// left, as ranges.
+    pub entries: [Vec<String>; 2],
+    /// Why addresses are left out, once per pool; empty when none is.
+    pub withheld: Vec<String>,
+}
+
+/// What of `owner`'s declared `entries` (per family) to reserve: never an address in a pool its
+/// pods may not use (admission refuses such a list; this is for one that got past it: the
+/// webhook down, the list older than the check, the pool or namespace changed since), and of
+/// an invalid pool's addresses only what `kept` reserves for it already, so that neither a
+/// list nor a pool that is not valid ever makes more addresses reserved than before.
+pub fn reservable(
+    owner: &For,
+    entries: &[Vec<String>; 2],
+    pools: &[Judged],
+    kept: &[Kept],
+) -> Reservable {
+    let mut out = Reservable::default();
+    for (i, family) in [IpFamily::V4, IpFamily::V6].into_iter().enumerate() {
+        let declared = AddrSet::parse_entries_lenient(family, &entries[i]).0;
+        let name = owner.reservation_name(family);
+        let already = kept
+            .iter()
+            .find(|k| k.name == name && &k.owner == owner && !k.deleting)
+            .and_then(|k| k.ips.clone())
+            .unwrap_or_else(|| AddrSet::empty(family));
+        let mut withheld = AddrSet::empty(family);
+        for pool in pools.iter().filter(|p| p.addresses.family() == family) {
+            let inside = declared.intersection(pool.addresses);
+            let (left_out, why) = match &pool.tenancy {
+                Tenancy::Usable => continue,
+                Tenancy::Barred(barred) => {
+                    let why = barred_message(&inside, pool.name, barred, owner);
+                    (inside, why)
+                }
+                Tenancy::Unknown(error) => {
+                    let left_out = inside.difference(&already);
+                    let why = format!(
+                        "{} in IPPool {}, which is not valid ({error}): whether pods of {} {}/{} \
+                         may use it cannot be told, so only what was reserved before stays \
+                         reserved; correct the pool",
+                        shown(&left_out),
+                        pool.name,
+                        owner.kind,
+                        owner.namespace,
+                        owner.name
+                    );
+                    (left_out, why)
+                }
+            };
+            if left_out.is_empty() {
+                continue;
+            }
+            out.withheld.push(format!("not reserved: {why}"));
+            withheld = withheld.union(&left_out);
+        }
+        out.entries[i] = if withheld.is_empty() {
+            entries[i].clone()
+        } else {
+            declared.difference(&withheld).to_entries()
+        };
+    }
     out
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::spec::{ObjectMeta, ReservedIpSpec};
-
-    fn kept(owner: &For, family: IpFamily, ips: &[&str]) -> Kept {
-        Kept {
-            name: owner.reservation_name(family),
-            owner: owner.clone(),
-            ips: Some(AddrSet::parse_entries(family, ips).unwrap()),
-            deleting: false,
-        }
-    }
-
-    #[test]
-    fn a_declared_list_is_kept_while_its_statefulset_declares_it() {
-        let db = For::statefulset("team-a", "db");
-        let declared = BTreeMap::from([(
-            db.clone(),
-            [vec!["192.0.2.10-192.0.2.12".to_string()], vec![]],
-        )]);
-        // Nothing kept yet: one ReservedIP, for IPv4 only.
-        let actions = plan(&declared, &[]);
-        assert_eq!(actions.len(), 1);
-        let Action::Apply(w) = &actions[0] else {
-            panic!("{actions:?}")
-        };
-        assert_eq!(w.name, "statefulset.team-a.db.ipv4");
-        assert_eq!(w.ips, vec!["192.0.2.10-192.0.2.12"]);
-        // Kept as declared (however written): nothing to do (scaling the StatefulSet changes
-        // nothing here).
-        let now = [kept(
-            &db,
-            IpFamily::V4,
-            &["192.0.2.10", "192.0.2.11-192.0.2.12"],
-        )];
-        assert!(plan(&declared, &now).is_empty());
-        // The list changes: applied again.
-        let grown = BTreeMap::from([(
-            db.clone(),
-            [vec!["192.0.2.10-192.0.2.14".to_string()], vec![]],
-        )]);
-        assert!(matches!(plan(&grown, &now)[..], [Action::Apply(_)]));
-        // The StatefulSet is gone: its ReservedIP is deleted; an unrelated one never is.
-        assert_eq!(
-            plan(&BTreeMap::new(), &now),
-            vec![Action::Delete {
-                name: "statefulset.team-a.db.ipv4".into(),
-                owner: db.clone()
-            }]
-        );
-    }
-
-    #[test]
-    fn only_the_statefulsets_own_pods_pass_its_reservation() {
-        let db = For::statefulset("team-a", "db");
-        let mut meta = ObjectMeta {
-            name: db.reservation_name(IpFamily::V4),
-            ..Default::default()
-        };
-        meta.labels = db.labels();
-        let kept = Reserved::from_spec(
-            meta,
-            ReservedIpSpec {
-                ip_version: Some(4),
-                ips: vec!["192.0.2.10-192.0.2.12".into()],
-            },
-        )
-        .unwrap();
-        let other = Reserved::from_spec(
-            ObjectMeta {
-                name: "routers".into(),
-                ..Default::default()
-            },
-            ReservedIpSpec {
-                ip_version: Some(4),
-                ips: vec!["192.0.2.12".into()],
-            },
-        )
-        .unwrap();
-        let a = |s: &str| s.parse().unwrap();
-        let both = [kept.clone(), other];
-        let db_pod = Some(("StatefulSet", "db"));
-        assert!(reserved_for_pod(&both, a("192.0.2.10"), "team-a", db_pod));
-        assert!(!reserved_for_pod(&both, a("192.0.2.10"), "team-b", db_pod));
-        assert!(!reserved_for_pod(
-            &both,
-            a("192.0.2.10"),
-            "team-a",
-            Some(("StatefulSet", "web"))
-        ));
-        assert!(!reserved_for_pod(&both, a("192.0.2.10"), "team-a", None));
-        // Also reserved by a ReservedIP of someone else's: nobody gets it.
-        assert!(!reserved_for_pod(&both, a("192.0.2.12"), "team-a", db_pod));
-        // Not reserved at all: not this rule's business.
-        assert!(!reserved_for_pod(&both, a("192.0.2.50"), "team-a", db_pod));
-    }
-
-    #[test]
-    fn the_webhook_refuses_addresses_outside_the_pools_or_held_by_someone_else() {
-        use crate::spec::IpPoolSpec;
-        use crate::store::{Claim, PodRef};
-        let pool = Pool::from_spec(
-            ObjectMeta {
-                name: "db-pool".into(),
-                ..Default::default()
-            },
-            IpPoolSpec {
-                subnet: "192.0.2.0/24".into(),
-                ips: vec!["192.0.2.10-192.0.2.50".into()],
-                exclude_ips: vec!["192.0.2.13".into()],
-                gateway: Some("192.0.2.1".into()),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let db = For::statefulset("team-a", "db");
-        let claim = |address: &str, pod: &str, owner: &str| Claim {
-            address: address.parse().unwrap(),
-            pool: "db-pool".into(),
-            network: "net".into(),
-            attachment: None,
-            pod: PodRef {
-                namespace: "team-a".into(),
-                name: pod.into(),
-                uid: String::new(),
-                owner_kind: Some("StatefulSet".into()),
-                owner_name: Some(owner.into()),
-            },
-            node: String::new(),
-            updated_at: 0,
-        };
-        let claims = [
-            claim("192.0.2.10", "db-0", "db"),
-            claim("192.0.2.11", "web-0", "web"),
-        ];
-        let pools = [pool];
-        let against = Against {
-            pools: &pools,
-            reserved: &[],
-            claims: &claims,
-            allowed: None,
-        };
-        let check = |list: &[&str]| {
-            refusals(
-                &db,
-                &[(IpFamily::V4, list.iter().map(|s| s.to_string()).collect())],
-                &against,
-            )
-        };
-        // Its own pod's address is fine (a list re-applied while the StatefulSet runs).
-        assert!(check(&["192.0.2.10", "192.0.2.20-192.0.2.22"]).is_empty());
-        assert_eq!(
-            check(&["192.0.2.11"]),
-            ["192.0.2.11 is held by pod team-a/web-0"]
-        );
-        assert_eq!(check(&["198.51.100.7"]), ["198.51.100.7 is in no IPPool"]);
-        assert!(check(&["192.0.2.13"])[0].contains("excluded by IPPool db-pool"));
-        let named = ["other".to_string()];
-        let only_other = Against {
-            allowed: Some(&named),
-            ..against
-        };
-        let r = refusals(
-            &db,
-            &[(IpFamily::V4, vec!["192.0.2.20".into()])],
-            &only_other,
-        );
-        assert!(r[0].contains("does not allow"), "{r:?}");
-        let r = refusals(
-            &db,
-            &[(IpFamily::V4, vec!["192.0.2.0-192.0.255.255".into()])],
-            &only_other,
-        );
-        assert!(r[0].contains("at most 4096"), "{r:?}");
-    }
-}
+mod tests;

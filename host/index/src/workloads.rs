@@ -24,6 +24,10 @@
 //! Kinds beyond these with a `scale` subresource (a CloneSet, say) are followed as the
 //! controller's discovery finds them ([`scalable`]).
 //!
+//! Namespaces are followed as metadata, for their labels only: a StatefulSet's declared
+//! addresses are reserved only in pools its pods may use, which a pool's namespaceAffinity
+//! decides from them ([`namespaces`]).
+//!
 //! [`WorkloadIndex::generation`] changes only with what the auto-pool decisions read (not with
 //! a pool's status or a Deployment's rollout progress), so the controller can skip a pass when
 //! nothing it reads changed.
@@ -42,6 +46,7 @@ use kube::Resource;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
+mod namespaces;
 mod scalable;
 
 pub use scalable::{ScalableKey, ScalableKind, ScaleRead};
@@ -124,6 +129,9 @@ pub struct WorkloadEntry {
     pub uid: String,
     /// The pod template's annotations under the two prefixes.
     pub annotations: BTreeMap<String, String>,
+    /// The pod template's labels, for the built-in kinds (a pool's podAffinity is matched
+    /// against a StatefulSet's when its declared addresses are reserved).
+    pub labels: BTreeMap<String, String>,
     /// Pods it runs at once (see the module's documentation per kind).
     pub replicas: u64,
     pub deleting: bool,
@@ -152,6 +160,8 @@ pub struct WorkloadIndex {
     subnets: BTreeMap<String, (Result<Subnet, String>, Fingerprint)>,
     reserved: BTreeMap<String, (Option<Reserved>, Fingerprint)>,
     synced: BTreeSet<WorkloadKind>,
+    /// Namespaces' labels, by name (listed or not: [`WorkloadIndex::namespace_labels`]).
+    namespaces: BTreeMap<String, BTreeMap<String, String>>,
     /// Objects of the followed scalable kinds that ask for auto pools.
     scalable: BTreeMap<ScalableKey, scalable::ScalableEntry>,
     /// The scalable kinds followed, and whether their first list arrived.
@@ -203,6 +213,10 @@ fn entry(
     (!annotations.is_empty()).then(|| WorkloadEntry {
         uid: meta.uid.clone().unwrap_or_default(),
         annotations,
+        labels: template
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default(),
         replicas,
         deleting: meta.deletion_timestamp.is_some(),
     })

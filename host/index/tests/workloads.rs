@@ -9,7 +9,9 @@ use allot_index::{
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::DynamicObject;
+use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
@@ -262,6 +264,48 @@ fn the_generation_ignores_what_the_decisions_do_not_read() {
         "2",
         "but the version is current"
     );
+}
+
+fn namespace(name: &str, tenant: &str) -> PartialObjectMeta<Namespace> {
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"tenant": tenant}}}))
+    .unwrap()
+}
+
+/// A namespace's labels decide which pools its StatefulSets' declared addresses may be
+/// reserved in: a relabel is a new pass where a StatefulSet lives, and nothing elsewhere.
+#[test]
+fn namespaces_are_kept_with_their_labels_and_a_relabel_matters_where_statefulsets_live() {
+    let mut i = listed();
+    assert_eq!(i.namespace_labels("team-a"), None, "not listed yet");
+    i.reset(vec![namespace("team-a", "a"), namespace("team-b", "b")]);
+    assert_eq!(i.namespace_labels("team-a").unwrap()["tenant"], "a");
+    let db: StatefulSet = serde_json::from_value(json!({
+        "metadata": meta("db", "uid-db"),
+        "spec": {"serviceName": "db", "selector": {},
+                 "template": {"metadata": {"labels": {"app": "db"}, "annotations": ours()},
+                              "spec": {"containers": []}}},
+    }))
+    .unwrap();
+    i.apply(db);
+    let entry = i
+        .workload(WorkloadKind::StatefulSet, "team-a", "db")
+        .unwrap();
+    assert_eq!(entry.labels["app"], "db", "the template's labels are kept");
+
+    let g = i.generation();
+    i.apply(namespace("team-b", "c"));
+    i.apply(namespace("team-c", "c"));
+    assert_eq!(i.generation(), g, "no StatefulSet lives there");
+    i.apply(namespace("team-a", "a"));
+    assert_eq!(i.generation(), g, "the same labels");
+    i.apply(namespace("team-a", "b"));
+    assert!(i.generation() > g);
+    assert_eq!(i.namespace_labels("team-a").unwrap()["tenant"], "b");
+    let g = i.generation();
+    i.delete(namespace("team-a", "b"));
+    assert!(i.generation() > g);
+    assert_eq!(i.namespace_labels("team-a"), None);
 }
 
 #[test]

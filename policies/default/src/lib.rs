@@ -28,7 +28,7 @@
 //! `component` feature to export this policy as a component.
 
 use allot_policy_sdk::annotations::{self, Found, Selection};
-use allot_policy_sdk::types::Owner;
+use allot_policy_sdk::types::{Label, LabelSelector, Owner};
 use allot_policy_sdk::{
     Acquisition, AcquisitionRule, AddressHint, Context, DecisionError, DropReason,
     FamilyCandidates, IpFamily, Nic, Policy, Pool, PoolRef, Rejection, missing, selector,
@@ -418,20 +418,17 @@ pub fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<
     }
     let namespace_ok = (pool.namespace_name.is_empty() && pool.namespace_affinity.is_none())
         || ctx.namespace_verdict(index, || {
-            if !pool.namespace_name.is_empty() {
-                pool.namespace_name.contains(&ctx.namespace.name)
-            } else {
-                pool.namespace_affinity
-                    .as_ref()
-                    .is_none_or(|sel| selector::matches(sel, ctx.namespace_labels()))
-            }
+            namespace_matches(
+                &pool.namespace_name,
+                pool.namespace_affinity.as_ref(),
+                &ctx.namespace.name,
+                ctx.namespace_labels(),
+            )
         });
     if !namespace_ok {
         return reject(DropReason::NamespaceMismatch);
     }
-    if let Some(sel) = &pool.pod_affinity
-        && !selector::matches(sel, ctx.pod_labels())
-    {
+    if !pod_matches(pool.pod_affinity.as_ref(), ctx.pod_labels()) {
         return reject(DropReason::PodMismatch);
     }
     if !pool.multus_name.is_empty() && !multus_matches(&pool.multus_name, &nic.multus_name) {
@@ -447,6 +444,30 @@ pub fn filter(ctx: &Context, nic: &Nic, family: IpFamily, index: u32) -> Result<
         return reject(DropReason::Exhausted);
     }
     Ok(())
+}
+
+/// The namespace rule of [`filter`]: whether a pool with `namespace_name` and
+/// `namespace_affinity` serves pods of `namespace`, whose labels are `labels`. As Spiderpool:
+/// namespaceName, when set, decides alone; namespaceAffinity only when it is empty; a pool
+/// with neither serves every namespace. Public so that the host can judge, before any pod
+/// exists, which pools a workload's pods may use (a StatefulSet's declared addresses).
+pub fn namespace_matches(
+    namespace_name: &[String],
+    namespace_affinity: Option<&LabelSelector>,
+    namespace: &str,
+    labels: &[Label],
+) -> bool {
+    if !namespace_name.is_empty() {
+        namespace_name.iter().any(|n| n == namespace)
+    } else {
+        namespace_affinity.is_none_or(|sel| selector::matches(sel, labels))
+    }
+}
+
+/// The pod rule of [`filter`]: whether a pool with `pod_affinity` serves a pod labelled
+/// `labels` (a pool without one serves every pod).
+pub fn pod_matches(pod_affinity: Option<&LabelSelector>, labels: &[Label]) -> bool {
+    pod_affinity.is_none_or(|sel| selector::matches(sel, labels))
 }
 
 /// A `multusName` entry matches the NIC's network "namespace/name" exactly, or by name alone

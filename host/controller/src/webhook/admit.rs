@@ -21,6 +21,7 @@ use allot_core::spec::auto_pool_labels::OWNER_SUBNET;
 use allot_core::store::Store;
 use allot_core::{Pool, Reserved, Subnet};
 use allot_k8s::{GROUP, IPAMAllocation, IPAMPool, IPPool, ReservedIP, Subnet as SubnetObject};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Resource;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
@@ -37,7 +38,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(4);
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
     #[error(
-        "{what}: {message}; the controller's ServiceAccount needs list on ippools, subnets and ipamallocations and get on ipampools"
+        "{what}: {message}; the controller's ServiceAccount needs list on ippools, subnets, reservedips and ipamallocations and get on ipampools and namespaces"
     )]
     Forbidden { what: String, message: String },
     #[error("{what}: {source}")]
@@ -123,6 +124,12 @@ impl Lookup {
                 _ => return Ok(out),
             }
         }
+    }
+
+    /// The namespace `name` (its labels: a pool's namespaceAffinity), if it exists.
+    async fn namespace(&self, name: &str) -> Result<Option<Namespace>, LookupError> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        timed(&format!("reading namespace {name}"), api.get_opt(name)).await
     }
 
     async fn ipam_pool(&self, name: &str) -> Result<Option<IPAMPool>, LookupError> {

@@ -1,7 +1,10 @@
 //! Builders shared by the controller's tests: pods, nodes, StatefulSets, pools and claims as
-//! the API would hold them, a settable clock, and a listed index.
+//! the API would hold them, a settable clock, a listed index, and the admission webhook's
+//! handlers over an in-memory API server ([`admission`]).
 
 #![allow(dead_code)]
+
+pub mod admission;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

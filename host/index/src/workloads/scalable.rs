@@ -194,6 +194,8 @@ impl WorkloadIndex {
             entry: WorkloadEntry {
                 uid: o.metadata.uid.clone().unwrap_or_default(),
                 annotations: annotations.into_iter().collect(),
+                // Only StatefulSets' are read (their declared addresses).
+                labels: Default::default(),
                 replicas,
                 deleting: o.metadata.deletion_timestamp.is_some(),
             },
