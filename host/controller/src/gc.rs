@@ -3,7 +3,7 @@
 //! Every claim is judged by core's decision table ([`allot_core::gc::decide`]) against the
 //! controller's watch-fed index of pods, nodes and StatefulSets. A leak is released only when
 //! all of these hold:
-//! 1. it was seen leaked at two looks, the first at least the grace period (`--gc-grace-seconds`)
+//! 1. it was seen leaked at two looks, the first at least the grace period (`--gc-grace`)
 //!    before, and the claim is unchanged since ([`Suspects`]);
 //! 2. its own release time has come (deletionTimestamp + grace + additional delay, …);
 //! 3. a fresh read of the pod (and of its StatefulSet) from the API, just before the release,

@@ -579,8 +579,8 @@ fn recorded_by_endpoint(claim: &Claim, endpoints: &[EndpointUse]) -> bool {
 /// GC's clocks, as a repair honours them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Clocks {
-    /// GC's grace period (`--gc-grace-seconds`): the least age of a claim at its first sighting,
-    /// and the least time between two sightings.
+    /// GC's grace period (the controller's `--gc-grace`): the least age of a claim at its
+    /// first sighting, and the least time between two sightings.
     pub grace: u64,
     /// GC's additional grace delay (`ALLOT_GC_ADDITIONAL_GRACE_DELAY`), which a leak the table
     /// does not decide (`not-used-by-its-pod`) waits for after its first sighting too.

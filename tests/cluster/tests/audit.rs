@@ -96,7 +96,7 @@ fn messages(report: &Value, kind: &str) -> Vec<String> {
 /// The GC settings `ipam release` is given: the suite's controller's (tests/cluster/values.yaml:
 /// `controller.gc.graceSeconds: 5`), and an additional delay for the repair to honour.
 const GC_FLAGS: [&str; 4] = [
-    "--gc-grace-seconds",
+    "--gc-grace",
     "5",
     "--gc-additional-grace-delay",
     "10",
