@@ -131,6 +131,7 @@ fn del_request(container: &str) -> api::DelRequest {
         attachment: id(container),
         owner_replicas: None,
         issued_at: None,
+        monotonic_deadline_ms: None,
     }
 }
 

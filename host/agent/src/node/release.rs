@@ -125,6 +125,8 @@ impl Node {
     fn remember_del(&self, r: api::DelRequest, why: &str) -> Result<(), NodeError> {
         let entry = api::DelRequest {
             issued_at: Some(r.issued_at.unwrap_or_else(unix_now)),
+            // Served late on purpose.
+            monotonic_deadline_ms: None,
             ..r
         };
         let unavailable =
