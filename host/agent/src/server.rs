@@ -285,6 +285,7 @@ fn http_status(code: u32) -> StatusCode {
         codes::TRY_AGAIN_LATER => StatusCode::SERVICE_UNAVAILABLE,
         codes::NO_POOL_FITS => StatusCode::CONFLICT,
         codes::UNKNOWN_CONTAINER => StatusCode::NOT_FOUND,
+        codes::PAST_DEADLINE => StatusCode::GATEWAY_TIMEOUT,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

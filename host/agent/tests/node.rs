@@ -6,14 +6,16 @@
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use allot_agent::engine::{AgentEngine, STANDALONE_CLUSTER};
 use allot_agent::inventory::{self, Source};
 use allot_agent::journal::Journal;
 use allot_agent::node::{Node, NodeError};
 use allot_api::{self as api, codes};
-use allot_core::engine::{Engine, EngineConfig};
-use allot_core::store::{MemoryStore, Store, system_clock};
+use allot_core::engine::{AddRequest, Engine, EngineConfig};
+use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, PodInfo};
+use allot_core::store::{Attachment, MemoryStore, Store, system_clock};
 use allot_policy::{Limits, PolicyEngine, PolicyRegistry, PolicySource};
 
 const POOLS: &str = r#"
@@ -252,6 +254,124 @@ async fn a_readd_settles_the_del_remembered_before_it() {
     );
     for a in second {
         assert_eq!(f.holder(a).as_deref(), Some("c1"), "{a} still held");
+    }
+}
+
+/// The plugin gives up on a DEL after its timeout, journals it and answers success, and a
+/// runtime that reuses container IDs adds the container again. The DEL it sent may still wait
+/// here, behind the attachment's lock (slow work of the same container holds it), and the
+/// re-ADD may get the lock first: the DEL then must not release what the re-ADD holds. The
+/// test makes that happen: the re-ADD is served (as `Node::add` serves it: the journal entry
+/// settled, then the ADD) under the lock the DEL waits for, after the DEL's deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_del_past_its_deadline_never_releases_what_a_readd_holds() {
+    let f = Fixture::new();
+    let first = addresses(&f.node.add(add_request("c1", pod("web"))).await.unwrap());
+    let attachment = Attachment {
+        container_id: "c1".into(),
+        interface: "eth0".into(),
+    };
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let (readd, do_readd) = std::sync::mpsc::channel::<()>();
+    let slow = {
+        let (node, attachment) = (f.node.clone(), attachment.clone());
+        std::thread::spawn(move || {
+            let lock = node.engine().serialize(&attachment);
+            locked.send(()).unwrap();
+            do_readd.recv().unwrap();
+            node.settle(&lock).unwrap();
+            node.engine()
+                .add_serialized(&lock, &readd_request(attachment))
+                .unwrap()
+        })
+    };
+    is_locked.recv().unwrap();
+    let timeout = Duration::from_millis(200);
+    let del = tokio::spawn({
+        let node = f.node.clone();
+        async move {
+            node.del(api::DelRequest {
+                monotonic_deadline_ms: Some(api::deadline::after(timeout)),
+                ..del_request("c1")
+            })
+            .await
+        }
+    });
+    // The plugin gives up and journals the DEL, as its timeout makes it.
+    tokio::time::sleep(timeout + Duration::from_millis(50)).await;
+    api::journal::record(
+        f.journal(),
+        &api::DelRequest {
+            issued_at: Some(1),
+            ..del_request("c1")
+        },
+    )
+    .unwrap();
+    readd.send(()).unwrap();
+    let again: Vec<IpAddr> = tokio::task::spawn_blocking(move || slow.join().unwrap())
+        .await
+        .unwrap()
+        .allocations
+        .iter()
+        .map(|a| a.address)
+        .collect();
+    assert!(
+        !api::journal::path_of(f.journal(), &id("c1")).exists(),
+        "the re-ADD settled the journaled DEL (the first ADD's {first:?}) first"
+    );
+
+    let late = del.await.unwrap();
+    for a in &again {
+        assert_eq!(
+            f.holder(*a).as_deref(),
+            Some("c1"),
+            "{a}, which the re-ADD got, is still held (the late DEL answered {late:?})"
+        );
+    }
+    assert_eq!(f.store.all().unwrap().len(), again.len());
+    let e = late.unwrap_err();
+    assert_eq!(e.code(), codes::PAST_DEADLINE, "{e}");
+    assert!(
+        f.node
+            .metrics_text()
+            .contains("allot_errors_total{reason=\"del-past-deadline\"} 1"),
+        "counted"
+    );
+    // A DEL in time is served as before.
+    f.node
+        .del(api::DelRequest {
+            monotonic_deadline_ms: Some(api::deadline::after(Duration::from_secs(15))),
+            ..del_request("c1")
+        })
+        .await
+        .unwrap();
+    assert!(f.store.all().unwrap().is_empty());
+}
+
+/// The engine's ADD of `attachment` for pod `web`, as `add_request` asks it of the node.
+fn readd_request(attachment: Attachment) -> AddRequest {
+    AddRequest {
+        attachment,
+        network: "demo".into(),
+        pod: PodInfo {
+            namespace: "default".into(),
+            name: "web".into(),
+            uid: "uid-web".into(),
+            ..PodInfo::default()
+        },
+        namespace: NamespaceInfo {
+            name: "default".into(),
+            ..NamespaceInfo::default()
+        },
+        node: NodeInfo {
+            name: "node-a".into(),
+            ..NodeInfo::default()
+        },
+        multus_name: String::new(),
+        cni_defaults: CniDefaults {
+            ipv4: vec!["v4".into()],
+            ipv6: vec!["v6".into()],
+        },
     }
 }
 
