@@ -1,6 +1,7 @@
 //! Wiring: the store, the policy registry and the engine a node is made of, from the flags;
-//! then its background work (watches, the Policy follower, reloads, the journal's replay,
-//! quarantine expiry) and the servers, until SIGINT or SIGTERM.
+//! then its background work (watches, the Policy follower, reloads, the journal's replay once
+//! the socket and the journal are the agent's, quarantine expiry) and the servers, until
+//! SIGINT or SIGTERM.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -196,12 +197,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || inventory::reload(&first, &first_source))
             .await
             .context("loading the pools")?;
-        // DELs remembered while this agent was away are served before any ADD is taken; an
-        // entry that cannot be served yet is settled by its attachment's ADD, or at a tick.
-        let replaying = node.clone();
-        tokio::task::spawn_blocking(move || replaying.replay_journal())
-            .await
-            .context("replaying the DEL journal")?;
+        // Once the socket and the journal are this agent's, DELs remembered while it was away
+        // are served before any ADD is taken; an entry that cannot be served yet is settled by
+        // its attachment's ADD, or at a tick (which replays only from here on, too).
+        let owned = server::start(node.clone(), &args.socket).await?;
         if let Some(etcd) = etcd {
             follow_watch(node.clone(), etcd);
         }
@@ -211,7 +210,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             source,
             Duration::from_millis(args.reload_interval_ms.max(100)),
         ));
-        let served = server::serve(node, &args.socket).await;
+        let served = server::serve(node, owned).await;
         ticker.abort();
         expiry.abort();
         served

@@ -12,6 +12,7 @@ use allot_agent::engine::{AgentEngine, STANDALONE_CLUSTER};
 use allot_agent::inventory::{self, Source};
 use allot_agent::journal::Journal;
 use allot_agent::node::{Node, NodeError};
+use allot_agent::server;
 use allot_api::{self as api, codes};
 use allot_core::engine::{AddRequest, Engine, EngineConfig};
 use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, PodInfo};
@@ -49,30 +50,8 @@ impl Fixture {
         let pools = tempfile::tempdir().unwrap();
         std::fs::write(pools.path().join("pools.yaml"), POOLS).unwrap();
         let journal = tempfile::tempdir().unwrap();
-        let policies = PolicyEngine::new(Limits::default(), None).unwrap();
-        let default = Arc::new(policies.load(&PolicySource::embedded_default()).unwrap());
-        let registry = Arc::new(PolicyRegistry::new(default));
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let config = EngineConfig {
-            // Released addresses are handed out again at once: the tests look at who holds what.
-            cooldown: 0,
-            ..EngineConfig::default()
-        };
-        let engine: Arc<AgentEngine> = Arc::new(
-            Engine::with_config(
-                store.clone(),
-                registry.for_cluster(STANDALONE_CLUSTER),
-                config,
-                system_clock(),
-            )
-            .on_node("node-a"),
-        );
-        let node = Arc::new(Node::new(
-            "node-a",
-            engine,
-            registry,
-            Journal::new(journal.path()),
-        ));
+        let node = node_on(&store, journal.path());
         let fixture = Fixture {
             node,
             store,
@@ -88,6 +67,14 @@ impl Fixture {
         inventory::reload(&self.node, &Source::Dir(self.pools.path().to_path_buf()));
     }
 
+    /// Another agent process of this node: the same store, pools and journal.
+    fn another_agent(&self) -> Arc<Node> {
+        let node = node_on(&self.store, self.journal());
+        inventory::reload(&node, &Source::Dir(self.pools.path().to_path_buf()));
+        assert!(node.ready(), "{:?}", node.status());
+        node
+    }
+
     fn journal(&self) -> &Path {
         self.journal.path()
     }
@@ -101,6 +88,28 @@ impl Fixture {
             .find(|c| c.address == address)
             .map(|c| c.attachment.map_or("-".into(), |a| a.container_id))
     }
+}
+
+/// An agent of node `node-a` on `store`, remembering DELs in `journal`, its pools not loaded.
+fn node_on(store: &Arc<dyn Store>, journal: &Path) -> Arc<Node> {
+    let policies = PolicyEngine::new(Limits::default(), None).unwrap();
+    let default = Arc::new(policies.load(&PolicySource::embedded_default()).unwrap());
+    let registry = Arc::new(PolicyRegistry::new(default));
+    let config = EngineConfig {
+        // Released addresses are handed out again at once: the tests look at who holds what.
+        cooldown: 0,
+        ..EngineConfig::default()
+    };
+    let engine: Arc<AgentEngine> = Arc::new(
+        Engine::with_config(
+            store.clone(),
+            registry.for_cluster(STANDALONE_CLUSTER),
+            config,
+            system_clock(),
+        )
+        .on_node("node-a"),
+    );
+    Arc::new(Node::new("node-a", engine, registry, Journal::new(journal)))
 }
 
 fn pod(name: &str) -> api::PodIdentity {
@@ -373,6 +382,48 @@ fn readd_request(attachment: Attachment) -> AddRequest {
             ipv6: vec!["v6".into()],
         },
     }
+}
+
+/// Only the agent that owns the socket and the journal replays the journal: a second agent
+/// process started on the node while the first serves is refused before it touches the store,
+/// since the first orders each entry with its attachment's ADDs under locks of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_agent_owning_the_socket_and_journal_replays_it() {
+    let f = Fixture::new();
+    let run = tempfile::tempdir().unwrap();
+    let socket = run.path().join("agent.sock");
+    let serving = server::start(f.node.clone(), &socket).await.unwrap();
+    let held = addresses(&f.node.add(add_request("c1", pod("web"))).await.unwrap());
+    // A DEL of c1 the plugin gave up on: the serving agent settles it, in order with c1's ADDs.
+    api::journal::record(
+        f.journal(),
+        &api::DelRequest {
+            issued_at: Some(1),
+            ..del_request("c1")
+        },
+    )
+    .unwrap();
+    let entry = api::journal::path_of(f.journal(), &id("c1"));
+
+    for (on, says) in [
+        (socket.clone(), "another allot-agent owns"),
+        (run.path().join("other.sock"), "owns the DEL journal"),
+    ] {
+        let e = server::start(f.another_agent(), &on).await.unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.contains(says) && e.contains("--journal"), "{e}");
+        assert!(entry.exists(), "not replayed by a second agent ({e})");
+        for a in &held {
+            assert_eq!(f.holder(*a).as_deref(), Some("c1"), "{a} still held ({e})");
+        }
+    }
+    assert!(socket.exists(), "the serving agent's socket is left alone");
+
+    // Once the first agent is gone, the next one owns both, and replays.
+    drop(serving);
+    let _next = server::start(f.another_agent(), &socket).await.unwrap();
+    assert!(!entry.exists(), "replayed");
+    assert!(held.iter().all(|a| f.holder(*a).is_none()), "released");
 }
 
 /// The plugin found an address in use on the pod's link: it is quarantined, and the ADD is

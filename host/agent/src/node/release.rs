@@ -16,7 +16,8 @@
 //! journaled, since the plugin's entry serves it in order (served now, it would release what a
 //! re-ADD that took the lock first holds; journaled again, it would do so at the next replay).
 //! Before the deadline it is served, and a re-ADD, issued only once the plugin gave up, waits
-//! for it behind the lock.
+//! for it behind the lock. Only the agent that owns the socket and the journal replays
+//! (`server::start`): another process on the node has no part in these locks.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
