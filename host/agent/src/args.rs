@@ -55,7 +55,11 @@ pub struct Args {
     pub state: PathBuf,
     #[command(flatten)]
     pub store: StoreArgs,
-    /// This node's name, as pools' nodeName and nodeAffinity see it (default: the hostname).
+    /// This node's name, as pools' nodeName and nodeAffinity see it, and the node its claims
+    /// record (the CNI GC verb judges those alone): give each node sharing a store a name of
+    /// its own. Default: the hostname; with --store etcd://… the claims then record an
+    /// identity generated once and kept in the directory of --state (`node-id`), since hosts
+    /// sharing etcd may share a hostname.
     #[arg(long)]
     pub node_name: Option<String>,
     /// How often the agent checks the standalone directory for changes and follows the store's

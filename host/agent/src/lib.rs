@@ -10,7 +10,7 @@
 //!                             quarantine, status, journal replay, expiries)
 //! ahead   metrics   cluster   probing ahead; Prometheus metrics; cluster mode's indexes, Endpoints
 //!                             and Policy follower
-//! engine  config  journal  wire  standalone  recorded  memory
+//! engine  config  journal  wire  standalone  recorded  memory  identity
 //! ```
 //!
 //! [`node::Node`] is the seam: everything the plugin can ask is a method of it taking the wire
@@ -22,6 +22,7 @@ pub mod args;
 pub mod cluster;
 pub mod config;
 pub mod engine;
+pub mod identity;
 pub mod inventory;
 pub mod journal;
 pub mod memory;

@@ -76,6 +76,18 @@ pub enum NodeError {
     /// The request does not say what the verb needs.
     #[error("{0}")]
     BadRequest(String),
+    /// A DEL reached under its attachment's lock after the plugin's deadline: the plugin has
+    /// given up and journaled it, so nothing is done here (see `node::release`).
+    #[error(
+        "the DEL of {attachment} came to be served {} ms after the plugin gave up on it: \
+         nothing done here; the plugin's DEL journal serves it, before any later ADD of the \
+         attachment",
+        late.as_millis()
+    )]
+    PastDeadline {
+        attachment: allot_core::store::Attachment,
+        late: std::time::Duration,
+    },
     /// The work stopped before its end (it panicked).
     #[error("{verb} failed: {source}")]
     Aborted {
@@ -130,6 +142,7 @@ impl NodeError {
             NodeError::InvalidPod(_) => (codes::INVALID_POD, Some("invalid-pod")),
             NodeError::PodUnknown(_) => (codes::TRY_AGAIN_LATER, Some("pod-unknown")),
             NodeError::BadRequest(_) => (codes::DECODE_FAILURE, None),
+            NodeError::PastDeadline { .. } => (codes::PAST_DEADLINE, Some("del-past-deadline")),
             NodeError::Aborted { .. } => (codes::IO_FAILURE, None),
         }
     }

@@ -1,6 +1,7 @@
 //! Wiring: the store, the policy registry and the engine a node is made of, from the flags;
-//! then its background work (watches, the Policy follower, reloads, the journal's replay,
-//! quarantine expiry) and the servers, until SIGINT or SIGTERM.
+//! then its background work (watches, the Policy follower, reloads, the journal's replay once
+//! the socket and the journal are the agent's, quarantine expiry) and the servers, until
+//! SIGINT or SIGTERM.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use anyhow::{Context as _, bail};
 use crate::args::{Args, FailureMode};
 use crate::cluster::{self, Cluster, EndpointWriter, PolicyFollower};
 use crate::engine::{AgentEngine, STANDALONE_CLUSTER};
+use crate::identity;
 use crate::inventory;
 use crate::journal::Journal;
 use crate::node::Node;
@@ -32,17 +34,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let underlay = args.underlay.underlay()?;
-    let node_name = match &args.node_name {
-        Some(n) => n.clone(),
-        None => hostname(),
-    };
+    let hostname = identity::hostname();
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
         .build()
         .context("starting the async runtime")?;
-    let (store, source, etcd, cluster) = if args.kubernetes {
+    let (store, source, etcd, cluster, node_id) = if args.kubernetes {
+        // The Node's name, which the API server keeps unique, is the claims' identity: the
+        // controller reads claims' node as a Node's name.
+        let node_id = identity::resolve(args.node_name.as_deref(), &hostname, None)?;
+        let node_name = node_id.name.clone();
         let store = allot_store::KubeStore::connect(&allot_store::KubeConfig {
             kubeconfig: args.store.kubeconfig.clone(),
             node: Some(node_name.clone()),
@@ -64,6 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             inventory::Source::Cluster(index),
             None,
             Some(cluster),
+            node_id,
         )
     } else {
         let opened = args.store.open(&args.state)?;
@@ -85,7 +89,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             OpenedStore::Etcd(etcd) => Some(etcd.clone()),
             OpenedStore::Sqlite(_) | OpenedStore::Kubernetes(_) => None,
         };
-        (opened.shared(), source, etcd, None)
+        // Nodes sharing etcd may share a hostname too (clones, `localhost`): without a name
+        // given, each claims as an identity kept next to its state.
+        let state_dir = match args.state.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => std::path::Path::new("."),
+        };
+        let node_id = identity::resolve(
+            args.node_name.as_deref(),
+            &hostname,
+            etcd.is_some().then_some(state_dir),
+        )?;
+        if let Some(file) = &node_id.kept_in {
+            tracing::info!(node = %node_id.name, claims_as = %node_id.claims_as, kept_in = %file.display(), "no --node-name: pools match the hostname; this node's claims record the identity kept in its state directory");
+        }
+        (opened.shared(), source, etcd, None, node_id)
     };
     let limits = Limits {
         memory_bytes: args.policy_memory_mib << 20,
@@ -146,7 +164,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stateful_keep: args.statefulset_keep_seconds,
         resync: args.resync_seconds.max(1),
         // Nodes sharing a store start each pool at a place of their own, so they rarely race.
-        spread: shared_store.then(|| seed_of(&node_name)),
+        spread: shared_store.then(|| seed_of(&node_id.claims_as)),
         single_node: !shared_store,
     };
     let engine: Arc<AgentEngine> = Arc::new(
@@ -156,21 +174,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             config,
             system_clock(),
         )
-        .on_node(&node_name),
+        .on_node(&node_id.claims_as),
     );
     let follower = cluster.as_ref().map(|c| PolicyFollower {
         client: c.client.clone(),
         registry: registry.clone(),
         cluster: STANDALONE_CLUSTER.into(),
         name: args.policy_object.clone(),
-        node: node_name.clone(),
+        node: node_id.name.clone(),
         base_limits: limits,
         cache,
         base: base_policy,
         oci,
     });
-    let mut node =
-        Node::new(node_name, engine, registry, Journal::new(&args.journal)).with_underlay(underlay);
+    let mut node = Node::new(node_id.name, engine, registry, Journal::new(&args.journal))
+        .with_underlay(underlay);
     if let Some(log) = decisions {
         node = node.with_decisions(log);
     }
@@ -196,12 +214,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || inventory::reload(&first, &first_source))
             .await
             .context("loading the pools")?;
-        // DELs remembered while this agent was away are served before any ADD is taken; an
-        // entry that cannot be served yet is settled by its attachment's ADD, or at a tick.
-        let replaying = node.clone();
-        tokio::task::spawn_blocking(move || replaying.replay_journal())
-            .await
-            .context("replaying the DEL journal")?;
+        // Once the socket and the journal are this agent's, DELs remembered while it was away
+        // are served before any ADD is taken; an entry that cannot be served yet is settled by
+        // its attachment's ADD, or at a tick (which replays only from here on, too).
+        let owned = server::start(node.clone(), &args.socket).await?;
         if let Some(etcd) = etcd {
             follow_watch(node.clone(), etcd);
         }
@@ -211,7 +227,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             source,
             Duration::from_millis(args.reload_interval_ms.max(100)),
         ));
-        let served = server::serve(node, &args.socket).await;
+        let served = server::serve(node, owned).await;
         ticker.abort();
         expiry.abort();
         served
@@ -273,14 +289,6 @@ fn follow_watch(node: Arc<Node>, etcd: Arc<allot_store::EtcdStore>) {
     if let Err(e) = spawned {
         tracing::warn!("cannot start following the store's watch ({e}); the periodic tick will");
     }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
 }
 
 #[cfg(test)]

@@ -6,14 +6,17 @@
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use allot_agent::engine::{AgentEngine, STANDALONE_CLUSTER};
 use allot_agent::inventory::{self, Source};
 use allot_agent::journal::Journal;
 use allot_agent::node::{Node, NodeError};
+use allot_agent::server;
 use allot_api::{self as api, codes};
-use allot_core::engine::{Engine, EngineConfig};
-use allot_core::store::{MemoryStore, Store, system_clock};
+use allot_core::engine::{AddRequest, Engine, EngineConfig};
+use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, PodInfo};
+use allot_core::store::{Attachment, MemoryStore, Store, system_clock};
 use allot_policy::{Limits, PolicyEngine, PolicyRegistry, PolicySource};
 
 const POOLS: &str = r#"
@@ -47,30 +50,8 @@ impl Fixture {
         let pools = tempfile::tempdir().unwrap();
         std::fs::write(pools.path().join("pools.yaml"), POOLS).unwrap();
         let journal = tempfile::tempdir().unwrap();
-        let policies = PolicyEngine::new(Limits::default(), None).unwrap();
-        let default = Arc::new(policies.load(&PolicySource::embedded_default()).unwrap());
-        let registry = Arc::new(PolicyRegistry::new(default));
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let config = EngineConfig {
-            // Released addresses are handed out again at once: the tests look at who holds what.
-            cooldown: 0,
-            ..EngineConfig::default()
-        };
-        let engine: Arc<AgentEngine> = Arc::new(
-            Engine::with_config(
-                store.clone(),
-                registry.for_cluster(STANDALONE_CLUSTER),
-                config,
-                system_clock(),
-            )
-            .on_node("node-a"),
-        );
-        let node = Arc::new(Node::new(
-            "node-a",
-            engine,
-            registry,
-            Journal::new(journal.path()),
-        ));
+        let node = node_on(&store, journal.path());
         let fixture = Fixture {
             node,
             store,
@@ -86,6 +67,14 @@ impl Fixture {
         inventory::reload(&self.node, &Source::Dir(self.pools.path().to_path_buf()));
     }
 
+    /// Another agent process of this node: the same store, pools and journal.
+    fn another_agent(&self) -> Arc<Node> {
+        let node = node_on(&self.store, self.journal());
+        inventory::reload(&node, &Source::Dir(self.pools.path().to_path_buf()));
+        assert!(node.ready(), "{:?}", node.status());
+        node
+    }
+
     fn journal(&self) -> &Path {
         self.journal.path()
     }
@@ -99,6 +88,28 @@ impl Fixture {
             .find(|c| c.address == address)
             .map(|c| c.attachment.map_or("-".into(), |a| a.container_id))
     }
+}
+
+/// An agent of node `node-a` on `store`, remembering DELs in `journal`, its pools not loaded.
+fn node_on(store: &Arc<dyn Store>, journal: &Path) -> Arc<Node> {
+    let policies = PolicyEngine::new(Limits::default(), None).unwrap();
+    let default = Arc::new(policies.load(&PolicySource::embedded_default()).unwrap());
+    let registry = Arc::new(PolicyRegistry::new(default));
+    let config = EngineConfig {
+        // Released addresses are handed out again at once: the tests look at who holds what.
+        cooldown: 0,
+        ..EngineConfig::default()
+    };
+    let engine: Arc<AgentEngine> = Arc::new(
+        Engine::with_config(
+            store.clone(),
+            registry.for_cluster(STANDALONE_CLUSTER),
+            config,
+            system_clock(),
+        )
+        .on_node("node-a"),
+    );
+    Arc::new(Node::new("node-a", engine, registry, Journal::new(journal)))
 }
 
 fn pod(name: &str) -> api::PodIdentity {
@@ -131,6 +142,7 @@ fn del_request(container: &str) -> api::DelRequest {
         attachment: id(container),
         owner_replicas: None,
         issued_at: None,
+        monotonic_deadline_ms: None,
     }
 }
 
@@ -252,6 +264,166 @@ async fn a_readd_settles_the_del_remembered_before_it() {
     for a in second {
         assert_eq!(f.holder(a).as_deref(), Some("c1"), "{a} still held");
     }
+}
+
+/// The plugin gives up on a DEL after its timeout, journals it and answers success, and a
+/// runtime that reuses container IDs adds the container again. The DEL it sent may still wait
+/// here, behind the attachment's lock (slow work of the same container holds it), and the
+/// re-ADD may get the lock first: the DEL then must not release what the re-ADD holds. The
+/// test makes that happen: the re-ADD is served (as `Node::add` serves it: the journal entry
+/// settled, then the ADD) under the lock the DEL waits for, after the DEL's deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_del_past_its_deadline_never_releases_what_a_readd_holds() {
+    let f = Fixture::new();
+    let first = addresses(&f.node.add(add_request("c1", pod("web"))).await.unwrap());
+    let attachment = Attachment {
+        container_id: "c1".into(),
+        interface: "eth0".into(),
+    };
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let (readd, do_readd) = std::sync::mpsc::channel::<()>();
+    let slow = {
+        let (node, attachment) = (f.node.clone(), attachment.clone());
+        std::thread::spawn(move || {
+            let lock = node.engine().serialize(&attachment);
+            locked.send(()).unwrap();
+            do_readd.recv().unwrap();
+            node.settle(&lock).unwrap();
+            node.engine()
+                .add_serialized(&lock, &readd_request(attachment))
+                .unwrap()
+        })
+    };
+    is_locked.recv().unwrap();
+    let timeout = Duration::from_millis(200);
+    let del = tokio::spawn({
+        let node = f.node.clone();
+        async move {
+            node.del(api::DelRequest {
+                monotonic_deadline_ms: Some(api::deadline::after(timeout)),
+                ..del_request("c1")
+            })
+            .await
+        }
+    });
+    // The plugin gives up and journals the DEL, as its timeout makes it.
+    tokio::time::sleep(timeout + Duration::from_millis(50)).await;
+    api::journal::record(
+        f.journal(),
+        &api::DelRequest {
+            issued_at: Some(1),
+            ..del_request("c1")
+        },
+    )
+    .unwrap();
+    readd.send(()).unwrap();
+    let again: Vec<IpAddr> = tokio::task::spawn_blocking(move || slow.join().unwrap())
+        .await
+        .unwrap()
+        .allocations
+        .iter()
+        .map(|a| a.address)
+        .collect();
+    assert!(
+        !api::journal::path_of(f.journal(), &id("c1")).exists(),
+        "the re-ADD settled the journaled DEL (the first ADD's {first:?}) first"
+    );
+
+    let late = del.await.unwrap();
+    for a in &again {
+        assert_eq!(
+            f.holder(*a).as_deref(),
+            Some("c1"),
+            "{a}, which the re-ADD got, is still held (the late DEL answered {late:?})"
+        );
+    }
+    assert_eq!(f.store.all().unwrap().len(), again.len());
+    let e = late.unwrap_err();
+    assert_eq!(e.code(), codes::PAST_DEADLINE, "{e}");
+    assert!(
+        f.node
+            .metrics_text()
+            .contains("allot_errors_total{reason=\"del-past-deadline\"} 1"),
+        "counted"
+    );
+    // A DEL in time is served as before.
+    f.node
+        .del(api::DelRequest {
+            monotonic_deadline_ms: Some(api::deadline::after(Duration::from_secs(15))),
+            ..del_request("c1")
+        })
+        .await
+        .unwrap();
+    assert!(f.store.all().unwrap().is_empty());
+}
+
+/// The engine's ADD of `attachment` for pod `web`, as `add_request` asks it of the node.
+fn readd_request(attachment: Attachment) -> AddRequest {
+    AddRequest {
+        attachment,
+        network: "demo".into(),
+        pod: PodInfo {
+            namespace: "default".into(),
+            name: "web".into(),
+            uid: "uid-web".into(),
+            ..PodInfo::default()
+        },
+        namespace: NamespaceInfo {
+            name: "default".into(),
+            ..NamespaceInfo::default()
+        },
+        node: NodeInfo {
+            name: "node-a".into(),
+            ..NodeInfo::default()
+        },
+        multus_name: String::new(),
+        cni_defaults: CniDefaults {
+            ipv4: vec!["v4".into()],
+            ipv6: vec!["v6".into()],
+        },
+    }
+}
+
+/// Only the agent that owns the socket and the journal replays the journal: a second agent
+/// process started on the node while the first serves is refused before it touches the store,
+/// since the first orders each entry with its attachment's ADDs under locks of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_agent_owning_the_socket_and_journal_replays_it() {
+    let f = Fixture::new();
+    let run = tempfile::tempdir().unwrap();
+    let socket = run.path().join("agent.sock");
+    let serving = server::start(f.node.clone(), &socket).await.unwrap();
+    let held = addresses(&f.node.add(add_request("c1", pod("web"))).await.unwrap());
+    // A DEL of c1 the plugin gave up on: the serving agent settles it, in order with c1's ADDs.
+    api::journal::record(
+        f.journal(),
+        &api::DelRequest {
+            issued_at: Some(1),
+            ..del_request("c1")
+        },
+    )
+    .unwrap();
+    let entry = api::journal::path_of(f.journal(), &id("c1"));
+
+    for (on, says) in [
+        (socket.clone(), "another allot-agent owns"),
+        (run.path().join("other.sock"), "owns the DEL journal"),
+    ] {
+        let e = server::start(f.another_agent(), &on).await.unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.contains(says) && e.contains("--journal"), "{e}");
+        assert!(entry.exists(), "not replayed by a second agent ({e})");
+        for a in &held {
+            assert_eq!(f.holder(*a).as_deref(), Some("c1"), "{a} still held ({e})");
+        }
+    }
+    assert!(socket.exists(), "the serving agent's socket is left alone");
+
+    // Once the first agent is gone, the next one owns both, and replays.
+    drop(serving);
+    let _next = server::start(f.another_agent(), &socket).await.unwrap();
+    assert!(!entry.exists(), "replayed");
+    assert!(held.iter().all(|a| f.holder(*a).is_none()), "released");
 }
 
 /// The plugin found an address in use on the pod's link: it is quarantined, and the ADD is

@@ -66,6 +66,7 @@ mod tests {
             },
             owner_replicas: Some(2),
             issued_at: Some(100),
+            monotonic_deadline_ms: None,
         };
         let path = record(&journal, &request).unwrap();
         assert_eq!(path, journal.join("c1@eth0.json"));

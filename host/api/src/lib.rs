@@ -17,6 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod deadline;
 pub mod journal;
 
 pub const ADD: &str = "/v1/add";
@@ -281,6 +282,14 @@ pub struct DelRequest {
     /// journal: claims made after it belong to a later ADD and are left alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub issued_at: Option<u64>,
+    /// When the plugin gives up waiting and journals the DEL instead ([`deadline`]: ms of
+    /// `CLOCK_MONOTONIC`). The agent does not act on a DEL past it (it answers
+    /// [`codes::PAST_DEADLINE`]): the runtime may have re-added the container by then, and the
+    /// journal entry serves the DEL in order. Optional, so that an older plugin's DEL (which
+    /// has none) is served as before, and an older agent ignores it; never in a journal entry,
+    /// which is served late on purpose (and the clock restarts with the host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monotonic_deadline_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -412,6 +421,9 @@ pub mod codes {
     pub const GATEWAY_UNREACHABLE: u32 = 106;
     /// ADD: a probe could not run (namespace, interface, carrier, permissions).
     pub const PROBE_FAILED: u32 = 107;
+    /// DEL: the agent reached it after the plugin's deadline and did nothing; the plugin
+    /// journals it, as when it times out.
+    pub const PAST_DEADLINE: u32 = 108;
 }
 
 #[cfg(test)]
@@ -437,6 +449,22 @@ mod tests {
             "{json}"
         );
         assert_eq!(serde_json::from_str::<AddRequest>(&json).unwrap(), req);
+    }
+
+    /// An older plugin sends no deadline, and its DEL is served as before; a newer one's
+    /// deadline is a field an older agent skips.
+    #[test]
+    fn a_del_without_a_deadline_still_decodes() {
+        let old: DelRequest = serde_json::from_str(r#"{"containerId":"c1","ifName":"eth0"}"#)
+            .expect("an older plugin's DEL");
+        assert_eq!(old.monotonic_deadline_ms, None);
+        let new = DelRequest {
+            monotonic_deadline_ms: Some(42),
+            ..old
+        };
+        let json = serde_json::to_string(&new).unwrap();
+        assert!(json.contains("\"monotonicDeadlineMs\":42"), "{json}");
+        assert_eq!(serde_json::from_str::<DelRequest>(&json).unwrap(), new);
     }
 
     #[test]

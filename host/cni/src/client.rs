@@ -359,7 +359,7 @@ fn snippet(body: &[u8]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
 
@@ -458,7 +458,7 @@ mod tests {
         assert_eq!(snippet(&[b'a'; 300]).chars().count(), 201);
     }
 
-    fn http(status: &str, body: &str) -> Vec<u8> {
+    pub(crate) fn http(status: &str, body: &str) -> Vec<u8> {
         format!(
             "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
@@ -466,7 +466,11 @@ mod tests {
         .into_bytes()
     }
 
-    fn serve_once(answer: Vec<u8>) -> (tempfile::TempDir, PathBuf, thread::JoinHandle<Vec<u8>>) {
+    /// A fake agent: answers one request on a fresh socket with `answer`; the join handle
+    /// returns the request's bytes.
+    pub(crate) fn serve_once(
+        answer: Vec<u8>,
+    ) -> (tempfile::TempDir, PathBuf, thread::JoinHandle<Vec<u8>>) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.sock");
         let listener = UnixListener::bind(&path).unwrap();

@@ -325,7 +325,10 @@ impl probe::Agent for ProbeAgent<'_> {
 
 /// DEL never fails because the agent is down or stuck: the pod must be able to go away. The
 /// DEL is remembered in the journal, and the agent replays it when it is back (GC, from the
-/// runtime or the controller, is the last resort). An answer from the agent, error or not, is
+/// runtime or the controller, is the last resort). The agent is told when this gives up
+/// waiting, and does not act on the DEL past that moment (the runtime may re-add the container
+/// then: see `allot_api::deadline`); it answers so if it reaches the DEL as this still waits,
+/// and the DEL is journaled the same. Any other answer from the agent, error or not, is
 /// reported as it is.
 fn del(env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<(), CniError> {
     let attachment = env.attachment()?;
@@ -347,18 +350,22 @@ fn del(env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<(), CniError> {
             None
         }
     };
+    let client = client(Command::Del, &ipam);
     let request = DelRequest {
         attachment,
         owner_replicas,
         issued_at: None,
+        // Taken before the call's timer starts: the agent stops before this gives up.
+        monotonic_deadline_ms: Some(allot_api::deadline::after(client.timeout)),
     };
-    let client = client(Command::Del, &ipam);
     match client.post(allot_api::DEL, &request) {
         Ok(_) => Ok(()),
-        Err(e) if e.is_transport() => {
+        Err(e) if e.is_transport() || is_past_deadline(&e) => {
             let why = e.describe(&client.socket, client.timeout);
             let journaled = DelRequest {
                 issued_at: Some(unix_now()),
+                // Replayed late on purpose, after the deadline (and maybe a reboot).
+                monotonic_deadline_ms: None,
                 ..request
             };
             let id = &journaled.attachment;
@@ -388,6 +395,11 @@ fn del(env: &CniEnv, conf: &Conf, log: &mut dyn Write) -> Result<(), CniError> {
         Err(CallError::Agent(e)) => Err(e),
         Err(e) => Err(CniError::io(e.describe(&client.socket, client.timeout))),
     }
+}
+
+/// The agent reached the DEL only after its deadline, and did nothing.
+fn is_past_deadline(e: &CallError) -> bool {
+    matches!(e, CallError::Agent(e) if e.code == codes::PAST_DEADLINE)
 }
 
 fn unix_now() -> u64 {
@@ -598,11 +610,69 @@ mod tests {
             serde_json::from_slice(&std::fs::read(journal.join("c1@eth0.json")).unwrap()).unwrap();
         assert_eq!(entry.owner_replicas, Some(2));
         assert!(entry.issued_at.unwrap() >= before);
+        assert_eq!(
+            entry.monotonic_deadline_ms, None,
+            "replayed late on purpose"
+        );
 
         // A malformed CNI_ARGS does not block DEL either.
         let (out, log) = del("garbage");
         assert_eq!(out.exit, 0);
         assert!(log.contains("ignoring CNI_ARGS"), "{log}");
+    }
+
+    /// DEL on `socket`, timing out after `timeout_ms`, journaling next to the socket.
+    fn del_via(socket: &std::path::Path, timeout_ms: u64) -> (Outcome, String) {
+        let conf = format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","ipam":{{"type":"allot","socket":"{}","journal":"{}","timeout_ms":{timeout_ms}}}}}"#,
+            socket.display(),
+            socket.with_file_name("journal").display()
+        );
+        let vars = [
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_IFNAME", "eth0"),
+        ];
+        run_with(&vars, &conf)
+    }
+
+    /// The agent is told when the plugin gives up (its timeout from the start), so that it
+    /// never acts on the DEL after the plugin journaled it.
+    #[test]
+    fn del_tells_the_agent_when_it_gives_up() {
+        use crate::client::tests::{http, serve_once};
+        let (_dir, socket, agent) = serve_once(http("200 OK", "{}"));
+        let before = allot_api::deadline::now_ms();
+        let (out, _) = del_via(&socket, 2000);
+        let after = allot_api::deadline::now_ms();
+        assert_eq!(out.exit, 0);
+        let sent = String::from_utf8(agent.join().unwrap()).unwrap();
+        let body = sent.split("\r\n\r\n").nth(1).unwrap();
+        let request: DelRequest = serde_json::from_str(body).unwrap();
+        let deadline = request.monotonic_deadline_ms.expect("a deadline");
+        assert!(
+            (before + 2000..=after + 2000).contains(&deadline),
+            "{before} + 2000 <= {deadline} <= {after} + 2000"
+        );
+    }
+
+    /// An agent that reached the DEL past that deadline did nothing: the DEL is journaled, as
+    /// when the plugin times out, and the pod can go away.
+    #[test]
+    fn a_del_the_agent_reached_too_late_is_journaled() {
+        use crate::client::tests::{http, serve_once};
+        let late = r#"{"code":108,"msg":"reached after the plugin gave up"}"#;
+        let (dir, socket, agent) = serve_once(http("504 Gateway Timeout", late));
+        let (out, log) = del_via(&socket, 2000);
+        agent.join().unwrap();
+        assert_eq!(out.exit, 0, "{out:?} {log}");
+        assert!(log.contains("remembered in"), "{log}");
+        let entry: DelRequest = serde_json::from_slice(
+            &std::fs::read(dir.path().join("journal/c1@eth0.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(entry.issued_at.is_some());
+        assert_eq!(entry.monotonic_deadline_ms, None);
     }
 
     #[test]

@@ -108,9 +108,22 @@ impl Agent {
     /// [`Agent::start_sharing`] with `flags` replacing those of `other` (e.g. another
     /// `--node-name`: a second node on the same store).
     pub fn start_sharing_with(other: &Agent, flags: &[(&str, &str)]) -> Agent {
+        Self::start_next_to(other, flags, Some(other.state()))
+    }
+
+    /// Another node's agent on the store of `other` (its `--store`): the same pools directory
+    /// and flags, `flags` replacing some, and a socket, journal and state directory of its own,
+    /// as on another machine. Both run on this machine, so both are named after its hostname
+    /// unless `flags` name them (`--node-name`).
+    pub fn start_as_another_node(other: &Agent, flags: &[(&str, &str)]) -> Agent {
+        Self::start_next_to(other, flags, None)
+    }
+
+    /// An agent on `other`'s pools and flags (`flags` replacing some), on `state` or its own.
+    fn start_next_to(other: &Agent, flags: &[(&str, &str)], state: Option<PathBuf>) -> Agent {
         let mut agent = Self::unstarted(&[]);
         agent.pools_dir = other.pools_dir();
-        agent.state = Some(other.state());
+        agent.state = state;
         agent.overrides = other
             .overrides
             .iter()

@@ -265,3 +265,57 @@ fn gc_on_one_node_never_releases_another_nodes_claims() {
         b_result["ips"][0]["address"].as_str()
     );
 }
+
+/// Two nodes' agents share one etcd, and neither is given `--node-name`: on this machine both
+/// would be named after its hostname, as two hosts are whose hostnames agree (cloned VMs,
+/// `localhost`). Named alike, node A's GC, whose runtime lists A's attachments only, released
+/// B's live pod's address. Each agent keeps an identity of its own in its state directory, and
+/// its claims record that: A's GC releases A's leak and never B's claim.
+#[test]
+fn gc_never_releases_another_nodes_claims_when_both_go_by_the_hostname() {
+    let etcd = allot_store::etcd::testing::EtcdServer::start();
+    let url = etcd.url();
+    let Some(lab) = Lab::with_flags(
+        "gc_never_releases_another_nodes_claims_when_both_go_by_the_hostname",
+        &pools(),
+        &[("--store", url.as_str())],
+    ) else {
+        return;
+    };
+    let node_b = Agent::start_as_another_node(&lab.agent, &[]);
+    let conf_a = lab.bridge_conf(&["three"], &[]);
+    let conf_b = lab.bridge_conf_via(&node_b.socket(), &["three"], &[]);
+    let on_a = Attachment::new("on-a");
+    let gone_from_a = Attachment::new("gone-from-a");
+    let on_b = Attachment::new("on-b");
+    lab.bridge_add(&on_a, &conf_a);
+    let gone_result = lab.bridge_add(&gone_from_a, &conf_a).json.unwrap();
+    let b_result = lab.bridge_add(&on_b, &conf_b).json.unwrap();
+    let b_address = b_result["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+
+    // Node A's runtime: on-a runs, gone-from-a is gone without a DEL; it knows nothing of B.
+    gc(
+        &lab,
+        &gc_conf(
+            &lab,
+            &lab.network,
+            &lab.bridge,
+            "three",
+            "cni.dev/valid-attachments",
+            &[&on_a],
+        ),
+    );
+    check(&lab, &gone_from_a, &conf_a, &gone_result).expect_failure();
+    check(&lab, &on_b, &conf_b, &b_result).expect_ok();
+    let stored = etcd.keys("/allot/claims/");
+    assert!(
+        stored.contains(&format!("/allot/claims/{b_address}")),
+        "etcd still holds B's claim on {b_address}: {stored:?}"
+    );
+}

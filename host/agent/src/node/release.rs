@@ -8,6 +8,16 @@
 //! entry present when an ADD arrives is a DEL issued before that ADD: settling it first orders
 //! the two exactly, whatever the clocks say (`podman restart` reuses container IDs; a repeated
 //! ADD writes nothing; a re-ADD may fall in the DEL's second).
+//!
+//! **A DEL the plugin gave up on.** The plugin journals a DEL it waited for too long and answers
+//! success, so the runtime may re-add the container; the DEL it sent may still be waiting here
+//! (behind the attachment's lock, for a blocking thread). It is checked under the lock, before
+//! the store is touched: past the plugin's deadline it is dropped, not served and not
+//! journaled, since the plugin's entry serves it in order (served now, it would release what a
+//! re-ADD that took the lock first holds; journaled again, it would do so at the next replay).
+//! Before the deadline it is served, and a re-ADD, issued only once the plugin gave up, waits
+//! for it behind the lock. Only the agent that owns the socket and the journal replays
+//! (`server::start`): another process on the node has no part in these locks.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -32,6 +42,12 @@ impl Node {
             };
             let container = request.attachment.clone();
             let lock = node.engine.serialize(&container);
+            if let Some(late) = r.monotonic_deadline_ms.and_then(api::deadline::overdue) {
+                return Err(NodeError::PastDeadline {
+                    attachment: container,
+                    late,
+                });
+            }
             let touched = match node.release_serialized(&lock, request) {
                 Err(AllocError::Store(StoreError::Unavailable(why))) => {
                     return node.remember_del(r, &why);
@@ -125,6 +141,8 @@ impl Node {
     fn remember_del(&self, r: api::DelRequest, why: &str) -> Result<(), NodeError> {
         let entry = api::DelRequest {
             issued_at: Some(r.issued_at.unwrap_or_else(unix_now)),
+            // Served late on purpose.
+            monotonic_deadline_ms: None,
             ..r
         };
         let unavailable =
