@@ -370,6 +370,9 @@ async fn ipam_check_finds_each_planted_drift_and_release_frees_only_the_leaks() 
         (!ips.is_empty()).then_some(ips).ok_or(())
     })
     .await;
+    // Older than GC's grace period, as a running pod's claim is: a younger one's sighting
+    // would not count (the repair would wait for a later report).
+    tokio::time::sleep(Duration::from_secs(6)).await;
     s.lab.stop_node(cut_node).await.unwrap();
     s.must(
         "kubectl",
@@ -412,9 +415,9 @@ async fn ipam_check_finds_each_planted_drift_and_release_frees_only_the_leaks() 
         "the cut-off pod's claims released at GC's deadline",
         Duration::from_secs(90),
         || async {
-            release_from(&s, file.path());
+            let out = release_from(&s, file.path());
             let left = held(&with_store(&store, |s| s.all().unwrap()).await);
-            (left == 0).then_some(()).ok_or(left)
+            (left == 0).then_some(()).ok_or(format!("{left} held: {out}"))
         },
     )
     .await;
