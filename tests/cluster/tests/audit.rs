@@ -95,12 +95,7 @@ fn messages(report: &Value, kind: &str) -> Vec<String> {
 
 /// The GC settings `ipam release` is given: the suite's controller's (tests/cluster/values.yaml:
 /// `controller.gc.graceSeconds: 5`), and an additional delay for the repair to honour.
-const GC_FLAGS: [&str; 4] = [
-    "--gc-grace",
-    "5",
-    "--gc-additional-grace-delay",
-    "10",
-];
+const GC_FLAGS: [&str; 4] = ["--gc-grace", "5", "--gc-additional-grace-delay", "10"];
 
 /// `allotctl ipam release --from-report FILE` with [`GC_FLAGS`]: its output.
 fn release_from(s: &Suite, report: &std::path::Path) -> String {
@@ -417,7 +412,9 @@ async fn ipam_check_finds_each_planted_drift_and_release_frees_only_the_leaks() 
         || async {
             let out = release_from(&s, file.path());
             let left = held(&with_store(&store, |s| s.all().unwrap()).await);
-            (left == 0).then_some(()).ok_or(format!("{left} held: {out}"))
+            (left == 0)
+                .then_some(())
+                .ok_or(format!("{left} held: {out}"))
         },
     )
     .await;
