@@ -188,13 +188,15 @@ const KNOWN_KEYS: &[&str] = &[
 
 /// Parses `K=V;K2=V2` with the CNI conventions: unknown keys are an error unless
 /// `IgnoreUnknown` is true (`1` or `true`, any case), as in libcni. Empty segments (a trailing
-/// `;`) are skipped; a value may itself contain `=`; a known key given twice is an error
-/// (a pod identity must not be ambiguous).
+/// `;`) are skipped; a value may itself contain `=`. A known key given twice must say the
+/// same both times (Multus passes the runtime's CNI_ARGS on after its own, which name the same
+/// pod, and `IgnoreUnknown=true` beside the runtime's `IgnoreUnknown=1`); two different values
+/// are an error (a pod identity must not be ambiguous).
 pub fn parse_cni_args(s: &str) -> Result<CniArgs, CniError> {
     let mut out = CniArgs::default();
     let mut ignore_unknown = false;
     let mut unknown: Vec<&str> = Vec::new();
-    let mut seen: Vec<&str> = Vec::new();
+    let mut seen: Vec<(&str, &str)> = Vec::new();
     for entry in s.split(';') {
         if entry.is_empty() {
             continue;
@@ -213,25 +215,24 @@ pub fn parse_cni_args(s: &str) -> Result<CniArgs, CniError> {
             unknown.push(key);
             continue;
         }
-        if seen.contains(&key) {
+        if let Some(&(_, first)) = seen.iter().find(|(k, _)| *k == key) {
+            let same = if key == "IgnoreUnknown" {
+                parse_flag(first)? == parse_flag(value)?
+            } else {
+                first == value
+            };
+            if same {
+                continue;
+            }
             return Err(CniError::invalid_env(format!(
-                "CNI_ARGS gives {key} more than once"
+                "CNI_ARGS gives {key} twice, as {first:?} and as {value:?}: which pod this is \
+                 cannot be told; check what calls the plugin (runtime, Multus)"
             )));
         }
-        seen.push(key);
+        seen.push((key, value));
         let non_empty = |v: &str| (!v.is_empty()).then(|| v.to_owned());
         match key {
-            "IgnoreUnknown" => {
-                ignore_unknown = match value.to_ascii_lowercase().as_str() {
-                    "1" | "true" => true,
-                    "0" | "false" => false,
-                    _ => {
-                        return Err(CniError::invalid_env(format!(
-                            "CNI_ARGS IgnoreUnknown={value:?} is not a boolean (1, true, 0, false)"
-                        )));
-                    }
-                }
-            }
+            "IgnoreUnknown" => ignore_unknown = parse_flag(value)?,
             "K8S_POD_NAMESPACE" => out.pod_namespace = non_empty(value),
             "K8S_POD_NAME" => out.pod_name = non_empty(value),
             "K8S_POD_UID" => out.pod_uid = non_empty(value),
@@ -250,6 +251,17 @@ pub fn parse_cni_args(s: &str) -> Result<CniArgs, CniError> {
         )));
     }
     Ok(out)
+}
+
+/// `IgnoreUnknown`'s value, as libcni reads it.
+fn parse_flag(value: &str) -> Result<bool, CniError> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" => Ok(true),
+        "0" | "false" => Ok(false),
+        _ => Err(CniError::invalid_env(format!(
+            "CNI_ARGS IgnoreUnknown={value:?} is not a boolean (1, true, 0, false)"
+        ))),
+    }
 }
 
 /// `Kind/name`, or `Kind/name/replicas`.
@@ -433,6 +445,25 @@ mod tests {
         let e = parse_cni_args("K8S_POD_NAME=a;K8S_POD_NAME=b").unwrap_err();
         assert!(e.msg.contains("K8S_POD_NAME"), "{e}");
         let e = parse_cni_args("IgnoreUnknown=maybe").unwrap_err();
+        assert!(e.msg.contains("IgnoreUnknown"), "{e}");
+    }
+
+    #[test]
+    fn multus_repeating_the_runtimes_args_is_one_pod() {
+        // What Multus 4.2 hands a delegate: its own pairs, then the runtime's as they came.
+        let a = parse_cni_args(
+            "IgnoreUnknown=true;K8S_POD_NAMESPACE=web;K8S_POD_NAME=web-0;\
+             K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=u1;IgnoreUnknown=1;\
+             K8S_POD_NAMESPACE=web;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc;\
+             K8S_POD_UID=u1;K8S_MULTUS_EXTRA=1",
+        )
+        .unwrap();
+        assert_eq!(a.pod_name.as_deref(), Some("web-0"));
+        assert_eq!(a.pod_uid.as_deref(), Some("u1"));
+        // Said twice differently, the identity is refused, naming both.
+        let e = parse_cni_args("K8S_POD_UID=u1;K8S_POD_UID=u2").unwrap_err();
+        assert!(e.msg.contains("\"u1\"") && e.msg.contains("\"u2\""), "{e}");
+        let e = parse_cni_args("IgnoreUnknown=1;IgnoreUnknown=false").unwrap_err();
         assert!(e.msg.contains("IgnoreUnknown"), "{e}");
     }
 
