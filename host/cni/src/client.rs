@@ -17,6 +17,9 @@ use crate::error::CniError;
 /// Responses larger than this are refused (the API's biggest answer is a few KiB).
 const MAX_RESPONSE: usize = 16 << 20;
 
+/// How often an ADD looks for an agent that is not listening yet.
+pub const AGENT_RETRY: Duration = Duration::from_millis(250);
+
 /// How a call went wrong. The verbs decide what each means (DEL forgives the transport
 /// failures; STATUS turns them into code 50; ADD and CHECK into code 11).
 #[derive(Debug)]
@@ -84,6 +87,29 @@ impl Client {
         let json = serde_json::to_vec(body)
             .map_err(|e| CallError::Protocol(format!("cannot encode the request: {e}")))?;
         self.call("POST", path, Some(&json))
+    }
+
+    /// POST as [`Client::post`], but while the agent cannot be reached at all (no socket file,
+    /// nobody listening: it is starting or restarting, as in a rolling update of its
+    /// DaemonSet) try again every [`AGENT_RETRY`] until the timeout has passed. A request that
+    /// was never delivered is safe to send again; the runtime's call then succeeds once the
+    /// agent is back instead of failing into the kubelet's back-off.
+    pub fn post_waiting_for_agent<T: serde::Serialize>(
+        &self,
+        path: &str,
+        body: &T,
+    ) -> Result<Vec<u8>, CallError> {
+        let started = Instant::now();
+        loop {
+            let left = self.timeout.saturating_sub(started.elapsed());
+            let attempt = Client::new(self.socket.clone(), left);
+            match attempt.post(path, body) {
+                Err(CallError::Unreachable(_)) if left > AGENT_RETRY * 2 => {
+                    thread::sleep(AGENT_RETRY)
+                }
+                other => return other,
+            }
+        }
     }
 
     pub fn get(&self, path: &str) -> Result<Vec<u8>, CallError> {
@@ -464,6 +490,39 @@ pub(crate) mod tests {
             body.len()
         )
         .into_bytes()
+    }
+
+    #[test]
+    fn a_request_waits_for_an_agent_that_starts_listening_within_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.sock");
+        let late = path.clone();
+        let agent = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(600));
+            let listener = UnixListener::bind(&late).unwrap();
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                .unwrap();
+        });
+        let client = Client::new(path.clone(), Duration::from_secs(10));
+        let started = Instant::now();
+        let body = client
+            .post_waiting_for_agent("/v1/add", &serde_json::json!({}))
+            .unwrap();
+        assert_eq!(body, b"{}");
+        assert!(started.elapsed() >= Duration::from_millis(500));
+        agent.join().unwrap();
+
+        // Nobody ever listens: the ADD gives up at its timeout, as unreachable.
+        let nobody = Client::new(dir.path().join("none.sock"), Duration::from_millis(800));
+        let started = Instant::now();
+        let err = nobody
+            .post_waiting_for_agent("/v1/add", &serde_json::json!({}))
+            .unwrap_err();
+        assert!(matches!(err, CallError::Unreachable(_)), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     /// A fake agent: answers one request on a fresh socket with `answer`; the join handle

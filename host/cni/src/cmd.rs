@@ -256,8 +256,10 @@ fn add(
         parent: probe::parent_link(conf),
     };
     let client = client(Command::Add, &ipam);
+    // An agent restarting (its DaemonSet rolled, its container restarted) is waited for,
+    // within the ADD's timeout; one that stays away is "try again later" (code 11).
     let body = client
-        .post(allot_api::ADD, &request)
+        .post_waiting_for_agent(allot_api::ADD, &request)
         .map_err(|e| agent_error(e, &client))?;
     let answer: IpamResult = decode_answer(&body, &client)?;
     // The network's own section wins, as a whole; without one, the agent's defaults.
