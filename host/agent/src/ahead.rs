@@ -370,7 +370,11 @@ impl Worker {
                 Err(e) => {
                     let text = e.to_string();
                     if text != last_error {
-                        tracing::warn!(link = %self.parent.name, "probing ahead: {text}; ADDs on this link probe in the pod's namespace meanwhile");
+                        if e.lacks_privilege() {
+                            tracing::error!(link = %self.parent.name, "probing ahead: {text}; the agent needs CAP_NET_RAW and CAP_NET_ADMIN for --probe-ahead (the chart adds them to its container with agent.probeAhead.enabled=true; a policy that drops them turns probing ahead off in effect); ADDs on this link probe in the pod's namespace meanwhile");
+                        } else {
+                            tracing::warn!(link = %self.parent.name, "probing ahead: {text}; ADDs on this link probe in the pod's namespace meanwhile");
+                        }
                         last_error = text;
                     }
                     self.metrics.error("probe-ahead");

@@ -82,6 +82,22 @@ pub enum ProbeError {
 }
 
 impl ProbeError {
+    /// Whether the process lacked a privilege the probe needs (a raw socket without
+    /// CAP_NET_RAW, a link change without CAP_NET_ADMIN, a namespace without CAP_SYS_ADMIN):
+    /// no retry helps, only the process's capabilities.
+    pub fn lacks_privilege(&self) -> bool {
+        let source = match self {
+            ProbeError::Io { source, .. }
+            | ProbeError::SendFailed { source, .. }
+            | ProbeError::NetnsEnter { source, .. } => source,
+            _ => return false,
+        };
+        matches!(
+            source.raw_os_error(),
+            Some(libc::EPERM) | Some(libc::EACCES)
+        )
+    }
+
     pub(crate) fn io(op: &'static str, ifname: &str, source: io::Error) -> Self {
         ProbeError::Io {
             op,
@@ -113,5 +129,31 @@ fn permission_hint(e: &io::Error) -> &'static str {
             " (the interface went down or away during the probe)"
         }
         _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_socket_or_link_change_is_a_missing_privilege_and_nothing_else_is() {
+        let io = |errno| ProbeError::io("socket", "eth0", io::Error::from_raw_os_error(errno));
+        assert!(io(libc::EPERM).lacks_privilege());
+        assert!(io(libc::EACCES).lacks_privilege());
+        assert!(!io(libc::ENETDOWN).lacks_privilege());
+        let send = ProbeError::SendFailed {
+            ifname: "eth0".into(),
+            tries: 3,
+            source: io::Error::from_raw_os_error(libc::EPERM),
+        };
+        assert!(send.lacks_privilege());
+        assert!(!ProbeError::Config("tries".into()).lacks_privilege());
+        assert!(
+            !ProbeError::NoSuchLink {
+                ifname: "eth1".into()
+            }
+            .lacks_privilege()
+        );
     }
 }
