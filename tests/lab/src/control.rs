@@ -3,9 +3,14 @@
 //!
 //! ```text
 //! restart etcd|kube-apiserver|kube-controller-manager|kube-scheduler
-//! stop-node NAME     a lost node: SIGKILL its stand-in and every container it runs (no CNI
-//!                    DEL, no status update, nothing of the node answers any more)
-//! start-node NAME    start its stand-in again
+//! restart-daemon NAME containerd|kubelet
+//!                    a real node's daemon stopped (SIGTERM) and started again; the containers
+//!                    go on running
+//! stop-node NAME     a lost node, as when its power is cut: SIGKILL its kubelet, containerd,
+//!                    every shim and container (or its stand-in and containers); no CNI DEL, no
+//!                    status update, nothing of the node answers any more
+//! start-node NAME    start it again: a real node boots afresh (its /run and its pods' network
+//!                    namespaces are gone: the kubelet makes every sandbox anew)
 //! add-node           one more node; replies with its name
 //! status             cluster.json, refreshed
 //! ```
@@ -19,11 +24,13 @@ use tokio::net::{UnixListener, UnixStream};
 
 use crate::cluster::{self, Shared};
 use crate::controlplane::Component;
+use crate::realnode::Daemon;
 
 /// A command of the control socket.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     Restart(Component),
+    RestartDaemon(String, Daemon),
     StopNode(String),
     StartNode(String),
     AddNode,
@@ -34,13 +41,14 @@ impl Command {
     pub fn parse(words: &[&str]) -> Result<Command> {
         Ok(match words {
             ["restart", c] => Command::Restart(c.parse()?),
+            ["restart-daemon", n, d] => Command::RestartDaemon(n.to_string(), d.parse()?),
             ["stop-node", n] => Command::StopNode(n.to_string()),
             ["start-node", n] => Command::StartNode(n.to_string()),
             ["add-node"] => Command::AddNode,
             ["status"] => Command::Status,
             _ => bail!(
-                "unknown command {:?}: restart COMPONENT | stop-node NAME | start-node NAME | \
-                 add-node | status",
+                "unknown command {:?}: restart COMPONENT | restart-daemon NAME DAEMON | \
+                 stop-node NAME | start-node NAME | add-node | status",
                 words.join(" ")
             ),
         })
@@ -49,6 +57,7 @@ impl Command {
     pub fn line(&self) -> String {
         match self {
             Command::Restart(c) => format!("restart {c}"),
+            Command::RestartDaemon(n, d) => format!("restart-daemon {n} {d}"),
             Command::StopNode(n) => format!("stop-node {n}"),
             Command::StartNode(n) => format!("start-node {n}"),
             Command::AddNode => "add-node".into(),
@@ -81,6 +90,16 @@ pub(crate) async fn execute(
             }
             format!("{component} restarted")
         }
+        Command::RestartDaemon(name, daemon) => {
+            let mut st = cluster::lock(shared);
+            let node = st
+                .nodes
+                .iter_mut()
+                .find(|n| n.info.name == *name)
+                .with_context(|| format!("no node {name}"))?;
+            node.proc.restart(*daemon)?;
+            format!("{name}: {daemon} restarted")
+        }
         Command::StopNode(name) => {
             let mut st = cluster::lock(shared);
             let node = st
@@ -88,20 +107,9 @@ pub(crate) async fn execute(
                 .iter_mut()
                 .find(|n| n.info.name == *name)
                 .with_context(|| format!("no node {name}"))?;
-            node.proc.kill();
-            // The node's containers die with it, as a machine that lost its power: a lost
-            // node's agent or controller must not go on writing.
-            let mut killed = 0;
-            for (_, record) in crate::node::state::all(&node.info.root) {
-                for p in record.processes {
-                    if crate::node::containers::start_ticks(p.pid) == Some(p.start_ticks) {
-                        // SAFETY: kill(2) of the process group the stand-in gave the container.
-                        unsafe { libc::kill(-(p.pid as libc::pid_t), libc::SIGKILL) };
-                        killed += 1;
-                    }
-                }
-            }
-            format!("{name}: stand-in and {killed} container(s) killed")
+            let root = node.info.root.clone();
+            let killed = node.proc.power_off(&root);
+            format!("{name}: lost, {killed} process(es) killed")
         }
         Command::StartNode(name) => {
             {
@@ -112,9 +120,9 @@ pub(crate) async fn execute(
                     .find(|n| n.info.name == *name)
                     .with_context(|| format!("no node {name}"))?;
                 if node.proc.running() {
-                    bail!("{name}: its stand-in runs already");
+                    bail!("{name}: it runs already");
                 }
-                node.proc.start()?;
+                node.proc.power_on()?;
             }
             let client = client_of(shared).await?;
             cluster::wait_nodes_ready(shared, &client, std::slice::from_ref(name), ready_timeout)
@@ -232,6 +240,8 @@ mod tests {
         for line in [
             "restart etcd",
             "restart kube-apiserver",
+            "restart-daemon node-1 containerd",
+            "restart-daemon node-1 kubelet",
             "stop-node node-2",
             "start-node node-2",
             "add-node",

@@ -113,6 +113,11 @@ pub struct Layout {
     pub sa_public: PathBuf,
     pub front_proxy_cert: PathBuf,
     pub front_proxy_key: PathBuf,
+    pub kubelet_client_cert: PathBuf,
+    pub kubelet_client_key: PathBuf,
+    /// Where kube-controller-manager keeps FlexVolume plugins (it creates the directory: kept
+    /// in the lab's, not the machine's `/usr/libexec/kubernetes`).
+    pub flex_volume_dir: PathBuf,
     pub controller_manager_kubeconfig: PathBuf,
     pub scheduler_kubeconfig: PathBuf,
     pub node_monitor_grace: Duration,
@@ -149,6 +154,9 @@ impl Layout {
             sa_public: certs.sa_public.clone(),
             front_proxy_cert: certs.front_proxy.cert.clone(),
             front_proxy_key: certs.front_proxy.key.clone(),
+            kubelet_client_cert: certs.kubelet_client.cert.clone(),
+            kubelet_client_key: certs.kubelet_client.key.clone(),
+            flex_volume_dir: dir.join("flexvolume"),
             controller_manager_kubeconfig: certs.controller_manager_kubeconfig.clone(),
             scheduler_kubeconfig: certs.scheduler_kubeconfig.clone(),
             node_monitor_grace,
@@ -292,6 +300,13 @@ impl Layout {
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_string(),
                 format!("--proxy-client-cert-file={}", p(&self.front_proxy_cert)),
                 format!("--proxy-client-key-file={}", p(&self.front_proxy_key)),
+                // Kubelets (logs, exec) at the address a Node reports and this machine routes.
+                format!(
+                    "--kubelet-client-certificate={}",
+                    p(&self.kubelet_client_cert)
+                ),
+                format!("--kubelet-client-key={}", p(&self.kubelet_client_key)),
+                "--kubelet-preferred-address-types=InternalIP".to_string(),
                 "--profiling=false".to_string(),
                 // Who asked for what and what was answered, without bodies: tests read the
                 // refusals of the accounts they care about (crate::audit).
@@ -336,6 +351,7 @@ impl Layout {
                         self.node_monitor_grace.as_secs()
                     ),
                     "--node-monitor-period=2s".to_string(),
+                    format!("--flex-volume-plugin-dir={}", p(&self.flex_volume_dir)),
                 ]
             }
             Component::KubeScheduler => {

@@ -15,13 +15,17 @@ pub mod control;
 pub mod controlplane;
 pub mod http;
 pub mod image;
+pub mod images;
 pub mod lock;
 pub mod loopback;
 pub mod net;
 pub mod node;
+pub mod oci;
 pub mod paths;
 pub mod pki;
 pub mod process;
+pub mod realnode;
+pub mod registry;
 pub mod testing;
 
 use std::path::{Path, PathBuf};
@@ -31,7 +35,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Node;
 
-pub use cluster::{ClusterInfo, ClusterOptions, NodeInfo, ProcessInfo};
+pub use cluster::{ClusterInfo, ClusterOptions, NodeInfo, NodeKind, ProcessInfo};
 pub use control::Command;
 pub use controlplane::Component;
 pub use loopback::{LoopbackControlPlane, LoopbackOptions};
@@ -84,7 +88,7 @@ enum Handle {
         server: Option<tokio::task::JoinHandle<()>>,
     },
     Remote {
-        info: ClusterInfo,
+        info: Box<ClusterInfo>,
     },
 }
 
@@ -124,7 +128,9 @@ impl LabCluster {
         )
         .with_context(|| format!("parsing {}", path.display()))?;
         Ok(LabCluster {
-            handle: Handle::Remote { info },
+            handle: Handle::Remote {
+                info: Box::new(info),
+            },
         })
     }
 
@@ -134,7 +140,7 @@ impl LabCluster {
             Handle::Owned { shared, .. } => {
                 cluster::write_info(shared).unwrap_or_else(|_| cluster::lock(shared).info.clone())
             }
-            Handle::Remote { info } => info.clone(),
+            Handle::Remote { info } => (**info).clone(),
         }
     }
 
@@ -187,13 +193,22 @@ impl LabCluster {
         self.control(Command::Restart(component)).await.map(drop)
     }
 
-    /// Kills node `name`'s stand-in (SIGKILL): its containers keep running, nothing reports for
-    /// the node any more — a lost node.
+    /// Loses node `name`, as when its power is cut: every process of it killed (the kubelet,
+    /// containerd, the containers; or the stand-in and its containers), nothing reports for
+    /// the node any more.
     pub async fn stop_node(&self, name: &str) -> Result<()> {
         self.control(Command::StopNode(name.into())).await.map(drop)
     }
 
-    /// Starts node `name`'s stand-in again and waits until the node is Ready.
+    /// Restarts a daemon of real node `name` (containerd or the kubelet); its containers go on.
+    pub async fn restart_daemon(&self, name: &str, daemon: realnode::Daemon) -> Result<()> {
+        self.control(Command::RestartDaemon(name.into(), daemon))
+            .await
+            .map(drop)
+    }
+
+    /// Starts node `name` again (a real node boots afresh) and waits until it posts its
+    /// status.
     pub async fn start_node(&self, name: &str) -> Result<()> {
         self.control(Command::StartNode(name.into()))
             .await

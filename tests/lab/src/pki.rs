@@ -128,6 +128,10 @@ pub struct ControlPlaneCerts {
     pub sa_private: PathBuf,
     pub sa_public: PathBuf,
     pub front_proxy: CertFiles,
+    /// The API server's client certificate for kubelets (logs, exec, port-forward): group
+    /// `system:masters`, which a kubelet's webhook authorization lets through, as kubeadm's
+    /// `apiserver-kubelet-client` did.
+    pub kubelet_client: CertFiles,
     pub admin_kubeconfig: PathBuf,
     pub controller_manager_kubeconfig: PathBuf,
     pub scheduler_kubeconfig: PathBuf,
@@ -174,6 +178,11 @@ impl ControlPlaneCerts {
         ];
         let (sa_private, sa_public) = pki.service_account_keys()?;
         let front_proxy = pki.client("front-proxy-client", "front-proxy-client", &[])?;
+        let kubelet_client = pki.client(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            &["system:masters"],
+        )?;
         let certs = ControlPlaneCerts {
             ca_key: pki_dir.join("ca.key"),
             pki,
@@ -181,6 +190,7 @@ impl ControlPlaneCerts {
             sa_private,
             sa_public,
             front_proxy,
+            kubelet_client,
             admin_kubeconfig: kubeconfigs.join("admin.kubeconfig"),
             controller_manager_kubeconfig: kubeconfigs.join("kube-controller-manager.kubeconfig"),
             scheduler_kubeconfig: kubeconfigs.join("kube-scheduler.kubeconfig"),

@@ -1,8 +1,10 @@
-//! Processes the launcher starts (control plane, node stand-ins): one command line each,
-//! started again with the same arguments on restart, output appended to one log file.
+//! Processes the launcher starts (control plane, node stand-ins, real nodes' containerd and
+//! kubelet): one command line each, started again with the same arguments on restart, output
+//! appended to one log file.
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -10,6 +12,14 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+
+/// What a process needs to run on a lab node: the node's network namespace, its mount
+/// namespace and the view (the node's `/`) it chroots into ([`crate::node::hostfs`]).
+#[derive(Debug, Clone)]
+pub struct NodeEntry {
+    pub mnt_ns: Arc<OwnedFd>,
+    pub view: CString,
+}
 
 /// A command the launcher runs and may stop and start again.
 #[derive(Debug)]
@@ -21,6 +31,8 @@ pub struct Supervised {
     pub log: PathBuf,
     child: Option<Child>,
     spawner: Option<Spawner>,
+    /// The node it runs on, if any: (its network namespace, its mount namespace and view).
+    node: Option<(Arc<OwnedFd>, NodeEntry)>,
 }
 
 impl Supervised {
@@ -33,7 +45,15 @@ impl Supervised {
             log,
             child: None,
             spawner: None,
+            node: None,
         }
+    }
+
+    /// Runs the process on a lab node: in its network namespace `netns` and its mount
+    /// namespace, chrooted into its view, where the program's path is resolved. A node whose
+    /// mount namespace is made anew (a reboot) gives its processes the new one here.
+    pub fn on_node(&mut self, netns: Arc<OwnedFd>, entry: NodeEntry) {
+        self.node = Some((netns, entry));
     }
 
     /// Starts the process from `spawner`'s thread instead of the calling one (see
@@ -87,6 +107,27 @@ impl Supervised {
                 }
                 Ok(())
             });
+        }
+        if let Some((netns, entry)) = &self.node {
+            let (net, mnt, view) = (
+                netns.as_raw_fd(),
+                entry.mnt_ns.as_raw_fd(),
+                entry.view.clone(),
+            );
+            // SAFETY: runs between fork and exec; setns, chroot and chdir are async-signal-safe
+            // and use descriptors and a string made before the fork, which `self` keeps alive.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(net, libc::CLONE_NEWNET) != 0
+                        || libc::setns(mnt, libc::CLONE_NEWNS) != 0
+                        || libc::chroot(view.as_ptr()) != 0
+                        || libc::chdir(c"/".as_ptr()) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let child = match &self.spawner {
             Some(spawner) => spawner.spawn(cmd),

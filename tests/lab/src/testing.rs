@@ -132,7 +132,9 @@ pub fn condition(pod: &Pod, kind: &str) -> Option<String> {
         .map(|c| c.status.clone())
 }
 
-/// Where the node of `pod` keeps the log of its container `container`.
+/// Where the node of `pod` keeps the log of its container `container`: the kubelet's
+/// `/var/log/pods/<ns>_<pod>_<uid>/<container>/<restarts>.log` (its latest run) on a real node,
+/// `…/<container>.log` on a stand-in.
 pub fn container_log(lab: &LabCluster, pod: &Pod, container: &str) -> Result<PathBuf> {
     let node = pod
         .spec
@@ -140,12 +142,53 @@ pub fn container_log(lab: &LabCluster, pod: &Pod, container: &str) -> Result<Pat
         .and_then(|s| s.node_name.clone())
         .context("the pod is not bound to a node")?;
     let node = lab.node(&node)?;
-    Ok(node.root.join(format!(
-        "var/log/pods/{}_{}_{}/{container}.log",
+    let dir = node.root.join(format!(
+        "var/log/pods/{}_{}_{}",
         pod.metadata.namespace.as_deref().unwrap_or_default(),
         pod.metadata.name.as_deref().unwrap_or_default(),
         pod.metadata.uid.as_deref().unwrap_or_default()
-    )))
+    ));
+    if node.kind == crate::NodeKind::StandIn {
+        return Ok(dir.join(format!("{container}.log")));
+    }
+    let runs = dir.join(container);
+    let latest = std::fs::read_dir(&runs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            Some((name.strip_suffix(".log")?.parse::<u32>().ok()?, e.path()))
+        })
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, p)| p);
+    Ok(latest.unwrap_or_else(|| runs.join("0.log")))
+}
+
+/// The pods' network namespaces on `nodes`: on a real node, those containerd pinned in its
+/// `/run/netns` (a file each, on the node's own directory); on a stand-in, the lab's in the
+/// machine's `/run/netns` that are not a node's.
+pub fn pod_namespaces(nodes: &[crate::NodeInfo]) -> Vec<String> {
+    let mut out = Vec::new();
+    for node in nodes {
+        if node.kind == crate::NodeKind::Real {
+            let pins = std::fs::read_dir(node.root.join("run/netns"))
+                .into_iter()
+                .flatten();
+            out.extend(
+                pins.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok()),
+            );
+        }
+    }
+    if nodes.iter().any(|n| n.kind == crate::NodeKind::StandIn) {
+        out.extend(
+            crate::net::lab_namespaces()
+                .into_iter()
+                .filter(|n| !n.contains("-node-")),
+        );
+    }
+    out
 }
 
 /// Applies a YAML document (one object) with the admin client: created, or replaced.

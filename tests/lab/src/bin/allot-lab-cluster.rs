@@ -1,11 +1,12 @@
-//! `allot-lab-cluster up`: a local Kubernetes control plane with kubelet stand-ins, until
-//! SIGINT/SIGTERM. `allot-lab-cluster ctl DIR COMMAND`: control a running one.
+//! `allot-lab-cluster up`: a local Kubernetes cluster (the upstream control plane, and nodes
+//! running upstream containerd and the kubelet), until SIGINT/SIGTERM. `allot-lab-cluster ctl
+//! DIR COMMAND`: control a running one.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use allot_lab::{ClusterOptions, Command, LabCluster};
+use allot_lab::{ClusterOptions, Command, LabCluster, NodeKind};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
@@ -21,21 +22,25 @@ enum Cmd {
     /// Start a cluster and keep it up until SIGINT/SIGTERM; prints `KUBECONFIG=<path>` once
     /// it is ready.
     Up {
-        /// Nodes (network namespaces with a kubelet stand-in each).
+        /// Nodes (network namespaces, each with containerd and a kubelet).
         #[arg(long, default_value_t = 3)]
         nodes: usize,
+        /// Nodes run by allot's kubelet stand-in instead of containerd and a kubelet: for more
+        /// nodes than real ones fit in this machine's memory.
+        #[arg(long)]
+        stand_in: bool,
         /// The lab's directory (certificates, etcd data, logs, the nodes' files).
         #[arg(long, default_value_os_t = allot_lab::paths::workspace_root().join("target/lab"))]
         dir: PathBuf,
         /// Keep the directory after teardown.
         #[arg(long)]
         keep: bool,
-        /// Do not offer allot's image (localhost/allot:dev) to the nodes: for a cluster
-        /// without allot's binaries built.
+        /// Do not offer allot's image (localhost/allot:dev) to the nodes (push it to the lab's
+        /// registry): for a cluster without allot's binaries built.
         #[arg(long)]
         no_allot_image: bool,
-        /// One more image the nodes run as real processes: REFERENCE=DIRECTORY (a directory
-        /// holding config.json and rootfs/, see the README). Repeatable.
+        /// One more image stand-in nodes run as real processes: REFERENCE=DIRECTORY (a
+        /// directory holding config.json and rootfs/, see the README). Repeatable.
         #[arg(long = "image", value_name = "REF=DIR")]
         images: Vec<String>,
         /// kube-controller-manager's --node-monitor-grace-period, in seconds.
@@ -45,8 +50,8 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         wait_seconds: u64,
     },
-    /// Send a command to a running lab: restart COMPONENT | stop-node NAME | start-node NAME |
-    /// add-node | status.
+    /// Send a command to a running lab: restart COMPONENT | restart-daemon NODE DAEMON |
+    /// stop-node NAME | start-node NAME | add-node | status.
     Ctl {
         /// The lab's directory (holding control.sock).
         dir: PathBuf,
@@ -78,6 +83,7 @@ async fn run(args: Args) -> Result<()> {
     match args.command {
         Cmd::Up {
             nodes,
+            stand_in,
             dir,
             keep,
             no_allot_image,
@@ -87,6 +93,11 @@ async fn run(args: Args) -> Result<()> {
         } => {
             let mut options = ClusterOptions::new(dir);
             options.nodes = nodes;
+            options.node_kind = if stand_in {
+                NodeKind::StandIn
+            } else {
+                NodeKind::Real
+            };
             options.keep = keep;
             options.allot_image = !no_allot_image;
             for image in images {
@@ -115,6 +126,17 @@ async fn run(args: Args) -> Result<()> {
             );
             println!("KUBECONFIG={}", info.kubeconfig.display());
             std::io::stdout().flush()?;
+            if !stand_in && !no_allot_image {
+                // The newcomer's next steps (the README's "Try it on a local control plane").
+                eprintln!(
+                    "\nIn a second terminal, from the repository:\n  \
+                     export KUBECONFIG={} PATH=$PWD/target/tools:$PATH\n  \
+                     helm install allot charts/allot -n allot-system --create-namespace \\\n    \
+                     -f charts/allot/ci/local-cluster-values.yaml --wait\n  \
+                     kubectl apply -f target/tools/multus-daemonset.yml   # Multus, for more NICs\n",
+                    info.kubeconfig.display()
+                );
+            }
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = terminate.recv() => {}

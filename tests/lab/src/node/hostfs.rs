@@ -11,10 +11,17 @@
 //!   them), `/proc`, `/dev`, a `/sys` of the node's network namespace;
 //! * processes enter that namespace and chroot into the overlay before they execute.
 //!
-//! The namespace is made once, by a thread of the stand-in that unshares its filesystem
-//! attributes and mount namespace (unshare(2): CLONE_FS | CLONE_NEWNS), and kept alive by a
-//! descriptor; slave propagation (mount_namespaces(7)) keeps it receiving the machine's new
-//! `/run/netns` entries while sending nothing back.
+//! The namespace is made once, by a thread that unshares its filesystem attributes and mount
+//! namespace (unshare(2): CLONE_FS | CLONE_NEWNS), and kept alive by a descriptor; slave
+//! propagation (mount_namespaces(7)) keeps it receiving the machine's new `/run/netns` entries
+//! while sending nothing back.
+//!
+//! A real node ([`crate::realnode`], containerd and the kubelet) gets more of its own: its
+//! `/var/lib/containerd` (a real filesystem: overlayfs, containerd's snapshotter, cannot stack
+//! on the view's overlay) and `/etc/containerd`, the machine's cgroup hierarchies under
+//! `/sys/fs/cgroup`, and its own `/run/netns` (containerd pins its pods' network namespaces
+//! there). Its view is made shared within the node (still a slave of the machine), so that a
+//! pod's `Bidirectional` mount propagation works as on a real node.
 
 use std::fs;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -36,8 +43,20 @@ pub const NODE_DIRS: [&str; 7] = [
     "run",
 ];
 
+/// What only a real node's view has (see the module's documentation).
+pub const REAL_NODE_DIRS: [&str; 3] = ["var/lib/containerd", "etc/containerd", "etc/kubernetes"];
+
 /// Where Debian's CNI plugins are; a node image would ship them in `/opt/cni/bin`.
 const SYSTEM_CNI_DIR: &str = "/usr/lib/cni";
+
+/// Which node a view is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewKind {
+    /// The kubelet stand-in's: pods' network namespaces are the machine's `/run/netns`.
+    StandIn,
+    /// containerd's and the kubelet's (see the module's documentation).
+    Real,
+}
 
 /// The node's filesystem: its root directory and its mount namespace.
 #[derive(Debug)]
@@ -53,8 +72,19 @@ impl NodeFs {
     /// Creates the node's directories and its mount namespace. Call it from the node's network
     /// namespace (the namespace's `/sys` shows that one's interfaces).
     pub fn setup(root: &Path) -> Result<NodeFs> {
+        NodeFs::setup_in(root, None, ViewKind::StandIn)
+    }
+
+    /// The same, from any thread: the namespace is made on a thread that enters the node's
+    /// network namespace `netns` first (when given), for a view of `kind`.
+    pub fn setup_in(root: &Path, netns: Option<&Path>, kind: ViewKind) -> Result<NodeFs> {
         for dir in NODE_DIRS {
             fs::create_dir_all(root.join(dir))?;
+        }
+        if kind == ViewKind::Real {
+            for dir in REAL_NODE_DIRS {
+                fs::create_dir_all(root.join(dir))?;
+            }
         }
         for dir in [
             "run/allot",
@@ -68,9 +98,16 @@ impl NodeFs {
         install_cni_plugins(&root.join("opt/cni/bin"))?;
         let view = root.join(".lab/rootfs");
         let (root2, view2) = (root.to_path_buf(), view.clone());
-        let mnt_ns = std::thread::spawn(move || make_namespace(&root2, &view2))
-            .join()
-            .map_err(|_| anyhow::anyhow!("the mount namespace thread panicked"))??;
+        let netns = netns.map(Path::to_path_buf);
+        let mnt_ns = std::thread::spawn(move || {
+            if let Some(netns) = &netns {
+                let fd = sys::open(netns, libc::O_RDONLY)?;
+                sys::setns(&fd, libc::CLONE_NEWNET, netns)?;
+            }
+            make_namespace(&root2, &view2, kind)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the mount namespace thread panicked"))??;
         Ok(NodeFs {
             root: root.to_path_buf(),
             view_c: sys::cstring(&view)?,
@@ -129,6 +166,15 @@ impl NodeFs {
     pub fn view(&self) -> &Path {
         &self.view
     }
+
+    /// What a process needs to run on the node: its mount namespace and view (see
+    /// [`crate::process::Supervised::on_node`]).
+    pub fn entry(&self) -> Result<crate::process::NodeEntry> {
+        Ok(crate::process::NodeEntry {
+            mnt_ns: std::sync::Arc::new(self.mnt_ns.try_clone()?),
+            view: self.view_c.clone(),
+        })
+    }
 }
 
 /// Links Debian's plugins into the node's `/opt/cni/bin` (kept if already there: a plugin
@@ -151,7 +197,7 @@ fn install_cni_plugins(bin: &Path) -> Result<()> {
 }
 
 /// Runs on its own thread: unshares, mounts the node's view, returns the namespace.
-fn make_namespace(root: &Path, view: &Path) -> Result<OwnedFd> {
+fn make_namespace(root: &Path, view: &Path, kind: ViewKind) -> Result<OwnedFd> {
     sys::unshare(libc::CLONE_FS | libc::CLONE_NEWNS)?;
     sys::make_rslave()?;
     let options = format!(
@@ -167,19 +213,28 @@ fn make_namespace(root: &Path, view: &Path) -> Result<OwnedFd> {
         Some(&options),
     )
     .context("the node's root overlay (is overlayfs available?)")?;
-    for dir in NODE_DIRS {
+    let own: &[&str] = match kind {
+        ViewKind::StandIn => &[],
+        ViewKind::Real => &REAL_NODE_DIRS,
+    };
+    for dir in NODE_DIRS.iter().chain(own) {
         let target = mkdir_in(view, Path::new(dir))?;
         sys::bind(&root.join(dir), &target, false)?;
     }
-    let netns = mkdir_in(view, Path::new("run/netns"))?;
-    fs::create_dir_all("/run/netns")?;
-    sys::bind(Path::new("/run/netns"), &netns, false)?;
+    if kind == ViewKind::StandIn {
+        let netns = mkdir_in(view, Path::new("run/netns"))?;
+        fs::create_dir_all("/run/netns")?;
+        sys::bind(Path::new("/run/netns"), &netns, false)?;
+    }
     for dir in ["proc", "dev"] {
         let target = mkdir_in(view, Path::new(dir))?;
         sys::bind(&Path::new("/").join(dir), &target, false)?;
     }
     let sysfs = mkdir_in(view, Path::new("sys"))?;
     sys::mount(Some(Path::new("sysfs")), &sysfs, Some("sysfs"), 0, None)?;
+    if kind == ViewKind::Real {
+        sys::bind(Path::new("/sys/fs/cgroup"), &sysfs.join("fs/cgroup"), false)?;
+    }
     let tmp = mkdir_in(view, Path::new("tmp"))?;
     sys::mount(
         Some(Path::new("tmpfs")),
@@ -188,6 +243,9 @@ fn make_namespace(root: &Path, view: &Path) -> Result<OwnedFd> {
         0,
         Some("mode=1777"),
     )?;
+    if kind == ViewKind::Real {
+        sys::mount(None, view, None, libc::MS_REC | libc::MS_SHARED, None)?;
+    }
     sys::open(Path::new("/proc/thread-self/ns/mnt"), libc::O_RDONLY)
 }
 

@@ -62,6 +62,8 @@ async fn real_containers_follow_the_pod_spec() {
         2,
         env!("CARGO_BIN_EXE_allot-lab-node"),
         |o| {
+            // What the stand-in's own container runtime does (real nodes' is runc's).
+            o.node_kind = allot_lab::NodeKind::StandIn;
             o.allot_image = false;
             o.images.push((IMAGE.into(), image.clone()));
         },

@@ -29,7 +29,7 @@ fn deployment() -> Deployment {
                         "whenUnsatisfiable": "DoNotSchedule",
                         "labelSelector": {"matchLabels": {"app": "bb"}},
                     }],
-                    "containers": [{"name": "bb", "image": "busybox:1.36", "command": ["sleep", "3600"]}],
+                    "containers": [{"name": "bb", "image": "busybox", "command": ["sleep", "3600"]}],
                 },
             },
         },
@@ -184,10 +184,7 @@ async fn a_deployment_gets_addresses_from_the_nodes_cni_and_gives_them_back() {
             "host-local's record on {node_name}"
         );
     }
-    let sandboxes = allot_lab::net::lab_namespaces()
-        .into_iter()
-        .filter(|n| !n.contains("-node-"))
-        .count();
+    let sandboxes = testing::pod_namespaces(&nodes).len();
     assert_eq!(sandboxes, 3, "one network namespace per pod");
 
     deployments
@@ -213,9 +210,6 @@ async fn a_deployment_gets_addresses_from_the_nodes_cni_and_gives_them_back() {
             node.name
         );
     }
-    let left: Vec<String> = allot_lab::net::lab_namespaces()
-        .into_iter()
-        .filter(|n| !n.contains("-node-"))
-        .collect();
+    let left = testing::pod_namespaces(&nodes);
     assert!(left.is_empty(), "pod network namespaces left: {left:?}");
 }
