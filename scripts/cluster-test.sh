@@ -20,9 +20,9 @@ CARGO="${CARGO:-cargo}"
 # --workspace: the test binaries `make unit` built (one feature set for the workspace), not a
 # second build of the crates this package shares with the others.
 NEXTEST=("$CARGO" nextest run --release --locked --no-fail-fast --workspace)
-# The test binaries that start labs of their own (Suite::own): they cannot run while the shared
+# The test modules that start labs of their own (Suite::own): they cannot run while the shared
 # lab is up, whose bridge and lock they would wait for.
-OWN_LAB='binary(lifecycle) | binary(audit) | binary(migration)'
+OWN_LAB='test(/^(lifecycle|audit|migration|multus)::/)'
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "cluster-test: the lab makes network namespaces and mounts: run as root" >&2

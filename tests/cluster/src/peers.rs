@@ -88,14 +88,18 @@ pub fn addresses(pod: &Pod) -> (IpAddr, IpAddr) {
     (v4, v6)
 }
 
-/// The sandbox (container) ID the node's runtime gave `pod`: what Whereabouts records.
+/// The sandbox (container) ID the node's runtime gave `pod`: what Whereabouts records. Read
+/// from the node's CNI result cache, which names it with the pod.
 pub fn sandbox_id(lab: &allot_lab::LabCluster, pod: &Pod) -> String {
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
-    let root = lab.node(&node).unwrap().root;
+    let node = lab.node(&node).unwrap();
     let uid = pod.metadata.uid.clone().unwrap();
-    allot_lab::node::state::PodRecord::load(&allot_lab::node::state::pods_dir(&root).join(&uid))
-        .and_then(|r| r.sandbox_id)
-        .expect("the stand-in's record of the pod's sandbox")
+    let ns = pod.metadata.namespace.clone().unwrap();
+    crate::sandboxes::sandboxes(std::slice::from_ref(&node), &ns)
+        .into_iter()
+        .find(|(_, a)| a.pod.uid == uid)
+        .map(|(_, a)| a.container_id)
+        .expect("the node's cached CNI result of the pod's sandbox")
 }
 
 fn api(
