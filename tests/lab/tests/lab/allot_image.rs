@@ -35,6 +35,10 @@ fn crds_job(name: &str) -> Job {
         "spec": {"backoffLimit": 0, "template": {"spec": {
             "serviceAccountName": "allot-crds",
             "restartPolicy": "Never",
+            // As the chart's hook runs it: on the host network, which the kubernetes Service's
+            // ClusterIP reaches through kube-proxy (a macvlan pod's traffic leaves past the
+            // node's iptables, so its ClusterIPs lead nowhere).
+            "hostNetwork": true,
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532},
             "containers": [{
                 "name": "crds", "image": "localhost/allot:dev",
