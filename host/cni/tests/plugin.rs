@@ -505,7 +505,13 @@ fn add_passes_agent_errors_through() {
 #[test]
 fn add_with_the_agent_down_is_try_again_later() {
     for (_dir, socket) in [missing_socket(), dead_socket()] {
-        let run = run_env(&add_env("/ns"), &conf("1.1.0", &socket));
+        // It waits for an agent to listen until its timeout, then gives up.
+        let started = Instant::now();
+        let run = run_env(
+            &add_env("/ns"),
+            &conf_with("1.1.0", &socket, json!({"timeout_ms": 1000})),
+        );
+        assert!(started.elapsed() >= Duration::from_millis(400));
         let v = run.error(11);
         let msg = v["msg"].as_str().unwrap();
         assert!(

@@ -99,13 +99,16 @@ fn agent_killed_mid_run_loses_no_claim_and_never_hands_out_twice() {
     let ok: Mutex<Vec<(Attachment, String)>> = Mutex::new(Vec::new());
     let failed: Mutex<Vec<(Attachment, CniOutput)>> = Mutex::new(Vec::new());
     let successes = AtomicUsize::new(0);
+    // ADDs that waited for the restarting agent (the plugin retries a socket nobody listens
+    // on, within the ADD's timeout) rather than failing.
+    let waited = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let (plugins, host) = (&lab.plugins, &lab.host);
 
     thread::scope(|s| {
         for w in 0..WORKERS {
-            let (ok, failed, successes, stop, conf, netns, plugins, host) = (
-                &ok, &failed, &successes, &stop, &conf, &netns, plugins, host,
+            let (ok, failed, successes, waited, stop, conf, netns, plugins, host) = (
+                &ok, &failed, &successes, &waited, &stop, &conf, &netns, plugins, host,
             );
             s.spawn(move || {
                 let mut mine = 0;
@@ -117,10 +120,14 @@ fn agent_killed_mid_run_loses_no_claim_and_never_hands_out_twice() {
                 {
                     n += 1;
                     let att = Attachment::in_netns(netns, &format!("w{w}-{n}"));
+                    let started = Instant::now();
                     let out = Cni::new(plugins, "allot", "ADD", &conf.to_string())
                         .attachment(&att)
                         .run(Some(host));
                     if out.success() {
+                        if started.elapsed() >= Duration::from_millis(250) {
+                            waited.fetch_add(1, Ordering::Relaxed);
+                        }
                         mine += 1;
                         successes.fetch_add(1, Ordering::Relaxed);
                         ok.lock().unwrap().push((att, out.ip()));
@@ -154,18 +161,21 @@ fn agent_killed_mid_run_loses_no_claim_and_never_hands_out_twice() {
 
     let ok = ok.into_inner().unwrap();
     let failed = failed.into_inner().unwrap();
+    let waited = waited.into_inner();
     println!(
-        "{} ADDs succeeded, {} failed while the agent was down or restarting",
+        "{} ADDs succeeded ({waited} after waiting for the agent), {} failed while the agent \
+         was down or restarting",
         ok.len(),
         failed.len()
     );
     assert!(
-        !failed.is_empty(),
+        !failed.is_empty() || waited > 0,
         "no ADD hit the downtime; the test proved nothing"
     );
     assert!(ok.len() >= 48, "only {} ADDs succeeded", ok.len());
 
-    // Failures while the agent was down are CNI errors that say "try again later".
+    // Failures while the agent was down (an ADD in flight when it was killed) are CNI errors
+    // that say "try again later".
     for (_, out) in &failed {
         out.expect_err(&[11]);
     }
