@@ -202,7 +202,11 @@ fn an_unreachable_socket_is_try_again_later() {
         return;
     };
     for socket in ["/nonexistent/allot.sock", "/dev/null"] {
-        let conf = conf_with(&lab, |c| c["ipam"]["socket"] = json!(socket));
+        // Within its timeout an ADD waits for an agent to listen; then it gives up with 11.
+        let conf = conf_with(&lab, |c| {
+            c["ipam"]["socket"] = json!(socket);
+            c["ipam"]["timeout_ms"] = json!(1000);
+        });
         let out = Cni::new(&lab.plugins, "allot", "ADD", &conf)
             .attachment(&Attachment::new("nowhere"))
             .run(Some(&lab.host));

@@ -256,9 +256,13 @@ fn while_the_agent_is_down_add_says_try_again_and_del_succeeds() {
 
     lab.agent.kill9();
     let pod = Attachment::new("while-down");
-    let add = lab.cni("allot", "ADD", &pod, &conf);
+    // An ADD waits for the agent within its timeout (a restarting agent is waited for), then
+    // gives up with 11: a short one here.
+    let mut short = conf.clone();
+    short["ipam"]["timeout_ms"] = json!(1000);
+    let add = lab.cni("allot", "ADD", &pod, &short);
     add.expect_err(&[11]);
-    let add = lab.cni("bridge", "ADD", &pod, &conf);
+    let add = lab.cni("bridge", "ADD", &pod, &short);
     add.expect_err(&[11]);
     lab.cni("bridge", "DEL", &pod, &conf).expect_ok();
     lab.cni("allot", "DEL", &Attachment::new("other"), &conf)
