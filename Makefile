@@ -76,9 +76,10 @@ image:
 unit: policies
 	$(CARGO) nextest run --release --locked --workspace -E 'not package(allot-cluster-tests)'
 
-# A local Kubernetes control plane (tests/lab: upstream etcd, kube-apiserver,
-# kube-controller-manager and kube-scheduler, three nodes backed by network namespaces) until
-# Ctrl-C; prints KUBECONFIG=PATH once ready. The README's "Try it on a local control plane".
+# A local Kubernetes cluster (tests/lab: upstream etcd and Kubernetes 1.37, three real nodes,
+# each a network namespace with its own containerd, runc and kubelet) until Ctrl-C; prints
+# KUBECONFIG=PATH once ready, then the commands that install allot's chart and Multus on it.
+# The README's "Try it on a local control plane".
 cluster: build policies
 	exec target/release/allot-lab-cluster up
 

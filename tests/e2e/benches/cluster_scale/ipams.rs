@@ -3,6 +3,11 @@
 //! ([`conflist`]), written on every node by the benchmark, as a cluster's administrator
 //! writes it.
 //!
+//! - host-local, the floor: CNI's own plugin (Debian's, which the lab links into every node's
+//!   `/opt/cni/bin`), nothing installed and no API request. It coordinates nothing: every node
+//!   is given the whole pool's range and keeps its reservations in its own `/var/lib/cni`, so
+//!   an address may answer on two nodes at once (each node's bridge is node-local, so the pods
+//!   never meet). It is what an ADD and a DEL cost with no IPAM behind them, not a cluster IPAM.
 //! - allot: its Helm chart from this checkout (default values but the lab's image), its
 //!   agents and controllers as the chart runs them; pools are IPPools named in the ipam section.
 //! - Whereabouts v0.9.2 (`target/tools/whereabouts`, `ip-control-loop`): its CRDs, its
@@ -86,6 +91,7 @@ impl Pool {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ipam {
+    HostLocal,
     Allot,
     Whereabouts,
     Calico,
@@ -94,6 +100,7 @@ pub enum Ipam {
 impl Ipam {
     pub fn parse(name: &str) -> Option<Ipam> {
         match name.trim() {
+            "host-local" => Some(Ipam::HostLocal),
             "allot" => Some(Ipam::Allot),
             "whereabouts" => Some(Ipam::Whereabouts),
             "calico" => Some(Ipam::Calico),
@@ -103,15 +110,26 @@ impl Ipam {
 
     pub fn name(self) -> &'static str {
         match self {
+            Ipam::HostLocal => "host-local",
             Ipam::Allot => "allot",
             Ipam::Whereabouts => "whereabouts",
             Ipam::Calico => "calico",
         }
     }
 
-    /// Why this IPAM cannot run here, if it cannot: a binary that is not built.
+    /// Why this IPAM cannot run here, if it cannot: a binary that is not built (host-local:
+    /// in neither `target/tools` nor Debian's plugins).
     pub fn missing(self) -> Option<String> {
         let need: &[&str] = match self {
+            Ipam::HostLocal => {
+                return host_local_binary().is_none().then(|| {
+                    format!(
+                        "host-local is in neither {} nor {SYSTEM_CNI_DIR} (Debian's \
+                         containernetworking-plugins)",
+                        allot_lab::paths::tools_dir().display()
+                    )
+                });
+            }
             Ipam::Allot => return None,
             Ipam::Whereabouts => &["whereabouts", "ip-control-loop"],
             Ipam::Calico => &["calico-ipam"],
@@ -128,9 +146,11 @@ impl Ipam {
             })
     }
 
-    /// The users (prefixes) whose requests are the IPAM's own, in the audit log.
+    /// The users (prefixes) whose requests are the IPAM's own, in the audit log (none for
+    /// host-local, which asks the API server nothing).
     pub fn users(self) -> Vec<String> {
         match self {
+            Ipam::HostLocal => Vec::new(),
             Ipam::Allot => vec![format!(
                 "system:serviceaccount:{}:",
                 allot_cluster_tests::NAMESPACE
@@ -144,8 +164,9 @@ impl Ipam {
         }
     }
 
-    /// The IPAM's pods on every node (namespace, label selector), if it has any (calico-ipam
-    /// alone has none: calico-node is Calico's dataplane agent, not its IPAM).
+    /// The IPAM's pods on every node (namespace, label selector), if it has any (host-local
+    /// has none; calico-ipam alone has none either: calico-node is Calico's dataplane agent,
+    /// not its IPAM).
     pub fn node_pods(self) -> Option<(&'static str, &'static str)> {
         match self {
             Ipam::Allot => Some((
@@ -153,7 +174,7 @@ impl Ipam {
                 "app.kubernetes.io/component=agent",
             )),
             Ipam::Whereabouts => Some((WHEREABOUTS_NS, "name=whereabouts")),
-            Ipam::Calico => None,
+            Ipam::HostLocal | Ipam::Calico => None,
         }
     }
 
@@ -168,9 +189,31 @@ impl Ipam {
         }
     }
 
-    /// Installs the IPAM and waits until it serves on every node.
+    /// Whether each node hands out the whole pool on its own (host-local): an address then
+    /// answers on two nodes by design, and only one answering in two sandboxes of one node is
+    /// a failure.
+    pub fn node_local(self) -> bool {
+        self == Ipam::HostLocal
+    }
+
+    /// Installs the IPAM and waits until it serves on every node (host-local: only its binary
+    /// on each node that lacks it, as a node image would ship it).
     pub async fn install(self, s: &Suite, nodes: &[NodeInfo]) -> Result<()> {
         match self {
+            Ipam::HostLocal => {
+                let binary = host_local_binary().context("the host-local binary")?;
+                for node in nodes {
+                    if node
+                        .root
+                        .join("opt/cni/bin/host-local")
+                        .symlink_metadata()
+                        .is_err()
+                    {
+                        install_plugin(node, &binary, "host-local")?;
+                    }
+                }
+                Ok(())
+            }
             Ipam::Allot => {
                 s.must(
                     "helm",
@@ -204,6 +247,22 @@ impl Ipam {
     /// top of the plugin's configuration on `node` (calico-ipam reads its datastore there).
     pub fn section(self, pool: &Pool, node: &NodeInfo) -> (Value, Value) {
         match self {
+            // The whole pool on every node (https://www.cni.dev/plugins/current/ipam/host-local/:
+            // one range set of one range). Its reservations are files under the node's own
+            // `/var/lib/cni` (the node's view binds it there), `<dataDir>/<network name>`: a
+            // directory per pool, so that the exact pool starts from none of the large one's.
+            Ipam::HostLocal => (
+                json!({
+                    "type": "host-local",
+                    "ranges": [[{
+                        "subnet": pool.subnet,
+                        "rangeStart": pool.first.to_string(),
+                        "rangeEnd": pool.last.to_string(),
+                    }]],
+                    "dataDir": format!("/var/lib/cni/networks/{}", pool.name),
+                }),
+                json!({}),
+            ),
             Ipam::Allot => (
                 json!({
                     "type": "allot",
@@ -238,9 +297,10 @@ impl Ipam {
 
     /// Makes the objects `pool` needs (allot's IPPool; Calico's IPPool and, for a pool that is
     /// not a power of two, IPReservations of the addresses beyond it; Whereabouts makes its
-    /// IPPool itself on the first ADD).
+    /// IPPool itself on the first ADD; host-local's pool is its ipam section alone).
     pub fn make_pool(self, s: &Suite, pool: &Pool) -> Result<()> {
         let yaml = match self {
+            Ipam::HostLocal => return Ok(()),
             Ipam::Allot => format!(
                 "apiVersion: allot.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: {}\n\
                  spec:\n  ipVersion: 4\n  subnet: {}\n  ips: [\"{}-{}\"]\n",
@@ -276,7 +336,7 @@ impl Ipam {
         Ok(())
     }
 
-    /// Removes what [`Ipam::pool`] made, once no pod holds its addresses.
+    /// Removes what [`Ipam::make_pool`] made, once no pod holds its addresses.
     pub fn drop_pool(self, s: &Suite, pool: &Pool) {
         if self == Ipam::Allot {
             let _ = s.kubectl(&[
@@ -288,74 +348,6 @@ impl Ipam {
             ]);
         }
     }
-
-    /// Takes the IPAM away again (its pods, its configuration), once no pod uses it.
-    pub async fn uninstall(self, s: &Suite) {
-        match self {
-            Ipam::Allot => {
-                let _ = s.kubectl(&[
-                    "delete",
-                    "ippools",
-                    "--all",
-                    "--wait=true",
-                    "--timeout=120s",
-                ]);
-                let _ = s.helm(&[
-                    "uninstall",
-                    allot_cluster_tests::RELEASE,
-                    "-n",
-                    allot_cluster_tests::NAMESPACE,
-                    "--wait",
-                    "--timeout",
-                    "3m",
-                ]);
-            }
-            Ipam::Whereabouts => {
-                let _ = s.kubectl(&[
-                    "-n",
-                    WHEREABOUTS_NS,
-                    "delete",
-                    "daemonset/whereabouts",
-                    "--wait=true",
-                    "--timeout=120s",
-                ]);
-                let _ = s.kubectl(&[
-                    "-n",
-                    WHEREABOUTS_NS,
-                    "delete",
-                    "ippools.whereabouts.cni.cncf.io",
-                    "--all",
-                    "--timeout=60s",
-                ]);
-            }
-            Ipam::Calico => {
-                for kind in ["ipamblocks", "blockaffinities", "ipamhandles"] {
-                    let _ = s.kubectl(&[
-                        "delete",
-                        &format!("{kind}.crd.projectcalico.org"),
-                        "--all",
-                        "--timeout=60s",
-                    ]);
-                }
-            }
-        }
-        if let Some(pods) = self.node_pods() {
-            wait_gone(s, pods).await;
-        }
-    }
-}
-
-async fn wait_gone(s: &Suite, (ns, selector): (&str, &str)) {
-    for _ in 0..300 {
-        if crate::phases::pods(s, ns, selector)
-            .await
-            .is_some_and(|p| p.is_empty())
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    println!("  (pods {selector} in {ns} still there after 150 s)");
 }
 
 /// The network every IPAM is measured behind: the bridge plugin on a node-local bridge, no
@@ -522,6 +514,19 @@ spec:
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     bail!("Whereabouts' DaemonSet was not Ready on {want} nodes within 180 s")
+}
+
+/// Where Debian's CNI plugins are (the lab links them into every node's `/opt/cni/bin`).
+const SYSTEM_CNI_DIR: &str = "/usr/lib/cni";
+
+/// The host-local plugin: `target/tools`' if built there, else Debian's.
+fn host_local_binary() -> Option<PathBuf> {
+    [
+        allot_lab::paths::tools_dir().join("host-local"),
+        Path::new(SYSTEM_CNI_DIR).join("host-local"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
 }
 
 /// Copies a CNI plugin into the node's `/opt/cni/bin` as `name`.

@@ -317,7 +317,8 @@ pub fn quantile(values: &mut [f64], q: f64) -> f64 {
 /// answering in two pods, looked for every second through every phase. A pair counts when two
 /// samples a second apart both see it: a sandbox whose DEL has released its address is torn
 /// down within milliseconds, and a sample that reads the nodes one after another can catch its
-/// file beside the next pod's.
+/// file beside the next pod's. For a node-local IPAM (host-local, whose nodes each hand out the
+/// whole pool) only two sandboxes of one node count: across nodes an address repeats by design.
 #[derive(Clone, Debug, Default)]
 pub struct Sharing {
     pub samples: usize,
@@ -325,19 +326,28 @@ pub struct Sharing {
     pub seen: BTreeSet<Shared>,
 }
 
-/// Samples the sandboxes of `ns` on `nodes` every second until `stop` is set.
+/// Samples the sandboxes of `ns` on `nodes` every second until `stop` is set; with `per_node`,
+/// each node's apart from the others'.
 pub fn sample_sharing(
     nodes: Vec<NodeInfo>,
     ns: String,
+    per_node: bool,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<Sharing> {
     std::thread::spawn(move || {
         let mut sharing = Sharing::default();
         let mut last = BTreeSet::new();
         while !stop.load(Ordering::Relaxed) {
-            let found: BTreeSet<Shared> = shared_addresses(&sandboxes(&nodes, &ns))
-                .into_iter()
-                .collect();
+            let found: BTreeSet<Shared> = if per_node {
+                nodes
+                    .iter()
+                    .flat_map(|n| shared_addresses(&sandboxes(std::slice::from_ref(n), &ns)))
+                    .collect()
+            } else {
+                shared_addresses(&sandboxes(&nodes, &ns))
+                    .into_iter()
+                    .collect()
+            };
             sharing.samples += 1;
             for shared in found.intersection(&last) {
                 if sharing.seen.insert(shared.clone()) {

@@ -17,6 +17,7 @@ use serde_json::json;
 use crate::Config;
 use crate::ipams::{self, Ipam};
 use crate::measure::{self, Add, ApiMetrics, AuditCursor, RequestCount};
+use crate::start_load::{self, WatchLoad};
 
 /// The label every benchmark pod carries.
 const LABEL: &str = "allot-bench";
@@ -67,27 +68,6 @@ impl Cpu {
             etcd: self.etcd - before.etcd,
         }
     }
-}
-
-/// The load of the IPAM's watches and start-up lists.
-#[derive(Clone, Debug, Default)]
-pub struct WatchLoad {
-    /// WATCH requests held, by resource: after install minus before.
-    pub watches: BTreeMap<String, f64>,
-    pub registered_watchers: f64,
-    /// Per process kind (user agent) of the IPAM: list requests at start by source address
-    /// (one process per node or replica), and per list URI the objects it returns now.
-    pub lists: Vec<StartList>,
-}
-
-#[derive(Clone, Debug)]
-pub struct StartList {
-    pub agent: String,
-    pub user: String,
-    pub uri: String,
-    /// Processes (source addresses) that made this list.
-    pub processes: usize,
-    pub objects: usize,
 }
 
 /// Everything measured for one IPAM.
@@ -455,7 +435,7 @@ fn say(ipam: Ipam, p: &Phase) {
     );
 }
 
-/// Runs every phase for `ipam`: install, measure, clean up.
+/// Runs every phase for `ipam` in lab `s` (its own): install, measure.
 pub async fn run_ipam(s: &Suite, config: &Config, ipam: Ipam) -> Result<IpamResult> {
     let nodes: Vec<_> = s.lab.nodes().into_iter().take(config.nodes).collect();
     let (large, exact) = config.pools();
@@ -474,12 +454,21 @@ pub async fn run_ipam(s: &Suite, config: &Config, ipam: Ipam) -> Result<IpamResu
     );
     tokio::time::sleep(Duration::from_secs(10)).await;
     let after = ApiMetrics::read(&s.lab.kubeconfig())?;
-    let mut watch = watch_load(&mut audit, &nodes, &ipam.users(), &before, &after);
+    let mut watch = start_load::watch_load(&mut audit, &nodes, &ipam.users(), &before, &after);
 
     let ns = s.namespace(&format!("bench-{}", ipam.name())).await;
     let (seen, watching) = track(s.client.clone(), &ns);
     let stop_sampling = Arc::new(AtomicBool::new(false));
-    let sampling = measure::sample_sharing(nodes.clone(), ns.clone(), stop_sampling.clone());
+    let _stop = Stop {
+        watching,
+        sampling: stop_sampling.clone(),
+    };
+    let sampling = measure::sample_sharing(
+        nodes.clone(),
+        ns.clone(),
+        ipam.node_local(),
+        stop_sampling.clone(),
+    );
     let mut meter = Meter {
         s,
         ipam,
@@ -511,7 +500,7 @@ pub async fn run_ipam(s: &Suite, config: &Config, ipam: Ipam) -> Result<IpamResu
         meter.finish(probe, &mut p).await;
         if pool.name == large.name {
             // What the start-up lists return in a cluster running the benchmark's pods.
-            count_lists(s, &mut watch, &nodes[0].name);
+            start_load::count_lists(s, &mut watch, &nodes[0].name);
         }
         say(ipam, &p);
         let addressed_all = p.seconds.is_some();
@@ -559,13 +548,10 @@ pub async fn run_ipam(s: &Suite, config: &Config, ipam: Ipam) -> Result<IpamResu
 
     stop_sampling.store(true, Ordering::Relaxed);
     let shared = sampling.join().unwrap_or_default();
-    // Memory at the end of the run, then clean up for the next IPAM.
+    // Memory at the end of the run. Nothing is uninstalled: the lab goes with its IPAM.
     let rss = |pids: Vec<u32>| pids.into_iter().filter_map(measure::rss_mib).collect();
     let node_rss = rss(pids_of(s, ipam.node_pods()).await);
     let cluster_rss = rss(pids_of(s, ipam.cluster_pods()).await);
-    let _ = s.kubectl(&["delete", "namespace", &ns, "--wait=true", "--timeout=300s"]);
-    watching.abort();
-    ipam.uninstall(s).await;
     Ok(IpamResult {
         ipam,
         phases,
@@ -574,6 +560,20 @@ pub async fn run_ipam(s: &Suite, config: &Config, ipam: Ipam) -> Result<IpamResu
         cluster_rss,
         shared,
     })
+}
+
+/// Stops the pod watch and the sandbox sampler however [`run_ipam`] ends, an error included:
+/// the lab they read goes with its IPAM, and a watch of a stopped API server would only fail.
+struct Stop {
+    watching: tokio::task::JoinHandle<()>,
+    sampling: Arc<AtomicBool>,
+}
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        self.watching.abort();
+        self.sampling.store(true, Ordering::Relaxed);
+    }
 }
 
 fn p_left(phases: &[Phase]) -> bool {
@@ -677,113 +677,6 @@ async fn churn(
     p.cycles = cycles;
     meter.finish(probe, &mut p).await;
     Ok(p)
-}
-
-/// The IPAM's start: WATCH requests held (after minus before), and what its processes listed
-/// (from the audit log since `audit` was placed, each list URI asked again to count objects).
-fn watch_load(
-    audit: &mut AuditCursor,
-    nodes: &[allot_lab::NodeInfo],
-    users: &[String],
-    before: &ApiMetrics,
-    after: &ApiMetrics,
-) -> WatchLoad {
-    let mut watches = after.watches.clone();
-    for (r, v) in &before.watches {
-        *watches.entry(r.clone()).or_default() -= v;
-    }
-    watches.retain(|_, v| v.abs() > 0.5);
-    let audited = audit.read().unwrap_or_default();
-    let mut lists: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
-    for r in audited
-        .iter()
-        .filter(|r| r.verb == "list" && users.iter().any(|u| r.user.starts_with(u.as_str())))
-    {
-        // The URI without the paging and resourceVersion parameters, a node's name as <node>.
-        let uri = node_neutral(&strip_params(&r.uri), nodes);
-        lists
-            .entry((r.agent.clone(), r.user.clone(), uri))
-            .or_default()
-            .push(r.source.clone());
-    }
-    let lists = lists
-        .into_iter()
-        .map(|((agent, user, uri), mut sources)| {
-            sources.sort();
-            sources.dedup();
-            StartList {
-                agent,
-                user,
-                uri,
-                processes: sources.len(),
-                objects: 0,
-            }
-        })
-        .collect();
-    WatchLoad {
-        watches,
-        registered_watchers: after.registered_watchers - before.registered_watchers,
-        lists,
-    }
-}
-
-fn strip_params(uri: &str) -> String {
-    let Some((path, query)) = uri.split_once('?') else {
-        return uri.to_string();
-    };
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|kv| {
-            let key = kv.split('=').next().unwrap_or_default();
-            !matches!(
-                key,
-                "limit"
-                    | "resourceVersion"
-                    | "resourceVersionMatch"
-                    | "continue"
-                    | "timeout"
-                    | "timeoutSeconds"
-                    | "allowWatchBookmarks"
-                    | "sendInitialEvents"
-            )
-        })
-        .collect();
-    if kept.is_empty() {
-        path.to_string()
-    } else {
-        format!("{path}?{}", kept.join("&"))
-    }
-}
-
-/// Counts what each start-up list returns now (for a node-scoped list, on the first node).
-fn count_lists(s: &Suite, watch: &mut WatchLoad, node: &str) {
-    let kubeconfig = s.lab.kubeconfig();
-    for l in &mut watch.lists {
-        let uri = l.uri.replace("<node>", node);
-        l.objects = measure::kubectl(&kubeconfig, &["get", "--raw", &uri])
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v["items"].as_array().map(|i| i.len()))
-            .unwrap_or(0);
-    }
-}
-
-/// `uri` with every lab node's name in a field selector written `<node>`.
-fn node_neutral(uri: &str, nodes: &[allot_lab::NodeInfo]) -> String {
-    let mut names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    // node-10 before node-1.
-    names.sort_by_key(|n| std::cmp::Reverse(n.len()));
-    let mut out = uri.to_string();
-    for name in names {
-        for end in ["&", ""] {
-            let from = format!("%3D{name}{end}");
-            if end.is_empty() && !out.ends_with(&from) {
-                continue;
-            }
-            out = out.replace(&from, &format!("%3D<node>{end}"));
-        }
-    }
-    out
 }
 
 /// The pods `selector` in `ns`; None (after saying why) when the API server does not answer,

@@ -1,5 +1,5 @@
-//! The tables: each phase per IPAM, allot's ratio to each peer, memory, and the watch load
-//! extrapolated to 1,000 nodes.
+//! The tables: each phase per IPAM, allot's ratio to each peer, every IPAM's ratio to the
+//! floor (host-local), memory, and the watch load extrapolated to 1,000 nodes.
 
 use crate::Config;
 use crate::ipams::Ipam;
@@ -73,49 +73,19 @@ pub fn print(config: &Config, results: &[IpamResult]) {
         }
     }
     if let Some(allot) = results.iter().find(|r| r.ipam == Ipam::Allot) {
-        for peer in results.iter().filter(|r| r.ipam != Ipam::Allot) {
+        // host-local is no peer but the floor, below.
+        let peers = results
+            .iter()
+            .filter(|r| !matches!(r.ipam, Ipam::Allot | Ipam::HostLocal));
+        for peer in peers {
             println!(
                 "\nallot / {} (same run; below 1: allot faster or cheaper):",
                 peer.ipam.name()
             );
-            println!("| phase | time | per-pod p99 | ADD p50 | API req/pod | IPAM req/pod |");
-            println!("|---|---:|---:|---:|---:|---:|");
-            for a in &allot.phases {
-                let Some(p) = peer.phases.iter().find(|p| p.name == a.name) else {
-                    println!("| {} | peer did not run it | | | | |", a.name);
-                    continue;
-                };
-                let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
-                    (Some(x), Some(y)) if y > 0.0 => format!("{:.3}", x / y),
-                    (Some(_), None) => "peer not done".into(),
-                    _ => "-".into(),
-                };
-                let p99 = |p: &Phase| {
-                    let v = if p.cycles.is_empty() {
-                        &p.per_pod
-                    } else {
-                        &p.cycles
-                    };
-                    (!v.is_empty()).then(|| quantile(&mut v.clone(), 0.99))
-                };
-                let add50 = |p: &Phase| {
-                    let mut v: Vec<f64> = p.adds.iter().map(|a| a.add_ms).collect();
-                    (!v.is_empty()).then(|| quantile(&mut v, 0.5))
-                };
-                let req = |p: &Phase| Some(p.requests / p.pods.max(1) as f64);
-                let own = |p: &Phase| Some(p.audit.ipam as f64 / p.pods.max(1) as f64);
-                println!(
-                    "| {} | {} | {} | {} | {} | {} |",
-                    a.name,
-                    ratio(a.seconds, p.seconds),
-                    ratio(p99(a), p99(p)),
-                    ratio(add50(a), add50(p)),
-                    ratio(req(a), req(p)),
-                    ratio(own(a), own(p)),
-                );
-            }
+            ratios(allot, peer);
         }
     }
+    floor(config, results);
     println!(
         "\nReference only (not this machine, not this run): Spiderpool's published figures for \
          1,000 pods on 10 nodes: Spiderpool 207 s, Calico 322 s, Whereabouts 2,529 s, and \
@@ -123,9 +93,14 @@ pub fn print(config: &Config, results: &[IpamResult]) {
     );
     for r in results {
         println!("\n{}: memory and watch load", r.ipam.name());
+        let scope = if r.ipam.node_local() {
+            " of one node (across nodes they repeat by design)"
+        } else {
+            ""
+        };
         println!(
-            "  addresses answering in two pods' sandboxes at once: {} (in two samples a second apart; {} \
-             samples through every phase)",
+            "  addresses answering in two pods' sandboxes{scope} at once: {} (in two samples a \
+             second apart; {} samples through every phase)",
             r.shared.seen.len(),
             r.shared.samples
         );
@@ -139,20 +114,24 @@ pub fn print(config: &Config, results: &[IpamResult]) {
         };
         let mean =
             |v: &[(f64, f64)]| v.iter().map(|(rss, _)| rss).sum::<f64>() / v.len().max(1) as f64;
-        println!(
-            "  node processes ({}): resident {:.1} MiB mean, {:.1} max, peak {:.1} MiB",
-            r.rss.len(),
-            mean(&r.rss),
-            max(&r.rss, false),
-            max(&r.rss, true)
-        );
-        if !r.cluster_rss.is_empty() {
+        if r.ipam.node_pods().is_none() && r.ipam.cluster_pods().is_none() {
+            println!("  no processes of its own: a plugin run for each ADD and DEL");
+        } else {
             println!(
-                "  cluster processes ({}): resident {:.1} MiB mean, peak {:.1} MiB",
-                r.cluster_rss.len(),
-                mean(&r.cluster_rss),
-                max(&r.cluster_rss, true)
+                "  node processes ({}): resident {:.1} MiB mean, {:.1} max, peak {:.1} MiB",
+                r.rss.len(),
+                mean(&r.rss),
+                max(&r.rss, false),
+                max(&r.rss, true)
             );
+            if !r.cluster_rss.is_empty() {
+                println!(
+                    "  cluster processes ({}): resident {:.1} MiB mean, peak {:.1} MiB",
+                    r.cluster_rss.len(),
+                    mean(&r.cluster_rss),
+                    max(&r.cluster_rss, true)
+                );
+            }
         }
         let held: f64 = r.watch.watches.values().sum();
         println!(
@@ -227,5 +206,91 @@ fn scaled(uri: &str, objects: f64, nodes: f64) -> f64 {
         objects * 1000.0 / nodes
     } else {
         objects
+    }
+}
+
+/// Every other IPAM's phases as ratios to host-local's (the floor: a plugin on each node and
+/// nothing behind it), or a line saying why there are none.
+fn floor(config: &Config, results: &[IpamResult]) {
+    let Some(host_local) = results.iter().find(|r| r.ipam == Ipam::HostLocal) else {
+        let why = if config.ipams.contains(&Ipam::HostLocal) {
+            "skipped, failed, or not yet run"
+        } else {
+            "not in ALLOT_BENCH_IPAMS"
+        };
+        println!("\nNo ratios to the floor: host-local has no results ({why}).");
+        return;
+    };
+    let others: Vec<&IpamResult> = results
+        .iter()
+        .filter(|r| r.ipam != Ipam::HostLocal)
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    for r in others {
+        println!(
+            "\n{} / host-local, the floor (same run; above 1: what coordinating addresses costs \
+             beyond a node-local plugin):",
+            r.ipam.name()
+        );
+        ratios(r, host_local);
+    }
+    println!(
+        "(host-local gives each node the whole pool: its exact phases never run short, a node \
+         taking about {} of the pool's {} addresses; its IPAM requests are none, so ratios to \
+         them read -.)",
+        config.pods.div_ceil(config.nodes.max(1)),
+        config.pods
+    );
+}
+
+/// The table of `a`'s phases as ratios to `b`'s same phases.
+fn ratios(a: &IpamResult, b: &IpamResult) {
+    println!(
+        "| phase | time | per-pod p50 | per-pod p95 | per-pod p99 | ADD p50 | API req/pod | \
+         IPAM req/pod |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let (a_name, b_name) = (a.ipam.name(), b.ipam.name());
+    let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
+        (Some(x), Some(y)) if y > 0.0 && x.is_finite() && y.is_finite() => format!("{:.3}", x / y),
+        _ => "-".into(),
+    };
+    let time = |x: &Phase, y: &Phase| match (x.seconds, y.seconds) {
+        (Some(_), None) => format!("{b_name} not done"),
+        (None, Some(_)) => format!("{a_name} not done"),
+        (x, y) => ratio(x, y),
+    };
+    let per_pod = |p: &Phase, at: f64| {
+        let v = if p.cycles.is_empty() {
+            &p.per_pod
+        } else {
+            &p.cycles
+        };
+        (!v.is_empty()).then(|| quantile(&mut v.clone(), at))
+    };
+    let add50 = |p: &Phase| {
+        let mut v: Vec<f64> = p.adds.iter().map(|a| a.add_ms).collect();
+        (!v.is_empty()).then(|| quantile(&mut v, 0.5))
+    };
+    let req = |p: &Phase| Some(p.requests / p.pods.max(1) as f64);
+    let own = |p: &Phase| Some(p.audit.ipam as f64 / p.pods.max(1) as f64);
+    for x in &a.phases {
+        let Some(y) = b.phases.iter().find(|y| y.name == x.name) else {
+            println!("| {} | {b_name} did not run it | | | | | | |", x.name);
+            continue;
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            x.name,
+            time(x, y),
+            ratio(per_pod(x, 0.5), per_pod(y, 0.5)),
+            ratio(per_pod(x, 0.95), per_pod(y, 0.95)),
+            ratio(per_pod(x, 0.99), per_pod(y, 0.99)),
+            ratio(add50(x), add50(y)),
+            ratio(req(x), req(y)),
+            ratio(own(x), own(y)),
+        );
     }
 }
