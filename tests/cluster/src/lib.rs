@@ -431,3 +431,22 @@ impl Suite {
         assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
     }
 }
+
+/// The `/metrics` text an allot process serves on `host:port` (the agent on 9401, the controller
+/// on 9402: both on the host network of the lab's nodes).
+pub async fn metrics(host: &str, port: u16) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: allot\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    stream
+        .read_to_string(&mut body)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(body)
+}

@@ -21,7 +21,6 @@ use allot_store::{KubeConfig, KubeStore};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "audit";
 
@@ -54,19 +53,7 @@ async fn leader_metrics(s: &Suite) -> Result<String, String> {
         .status
         .and_then(|s| s.host_ip)
         .ok_or("the leader has no host IP")?;
-    let mut stream = tokio::net::TcpStream::connect((host.as_str(), 9402))
-        .await
-        .map_err(|e| e.to_string())?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: controller\r\n\r\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut body = String::new();
-    stream
-        .read_to_string(&mut body)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(body)
+    allot_cluster_tests::metrics(&host, 9402).await
 }
 
 fn drift(metrics: &str, kind: &str) -> Option<u64> {

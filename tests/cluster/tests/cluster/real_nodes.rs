@@ -402,20 +402,7 @@ async fn every_sandbox_is_set_up_while_the_agents_roll() {
 
 /// The agent's `/metrics` on `node_ip` (it runs on the host network).
 async fn agent_metrics(node_ip: &str) -> Result<String, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect((node_ip, 9401))
-        .await
-        .map_err(|e| e.to_string())?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut body = String::new();
-    stream
-        .read_to_string(&mut body)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(body)
+    allot_cluster_tests::metrics(node_ip, 9401).await
 }
 
 /// A counter of the agent's metrics text (0 when it was never touched).
