@@ -64,7 +64,8 @@ pub struct Args {
     pub node_name: Option<String>,
     /// How often the agent checks the standalone directory for changes and follows the store's
     /// change feed; a degraded configuration (an invalid object, a failed reload) is reloaded
-    /// this often until it is fixed.
+    /// this often until it is fixed. With --kubernetes, pools are reloaded as the watches
+    /// deliver their changes too.
     #[arg(long, default_value_t = 1000)]
     pub reload_interval_ms: u64,
     /// A pool-selection policy component to use instead of the embedded default: a file, or an

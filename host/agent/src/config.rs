@@ -18,6 +18,8 @@ pub struct ConfigState {
     /// Why the last reload installed nothing at all (the directory unreadable, the store
     /// failing), if it did.
     pub failure: Option<String>,
+    /// The fingerprint of the pools' source the last reload read (the inventory's).
+    pub loaded_from: Option<u64>,
 }
 
 impl ConfigState {

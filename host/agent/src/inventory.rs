@@ -44,7 +44,7 @@ impl Source {
         match self {
             Source::Dir(dir) => standalone::fingerprint(dir).ok(),
             Source::Etcd(etcd) => etcd.load_config().ok().map(|(f, _)| f),
-            Source::Cluster(index) => index.read().observation().map(|(generation, _)| generation),
+            Source::Cluster(index) => index.read().pools_generation(),
         }
     }
 
@@ -79,6 +79,56 @@ impl Source {
 /// Reads the directory, decides what is in force (never more allocatable addresses than before
 /// because of an invalid object), and installs it. Blocking: call off the async threads.
 pub fn reload(node: &Node, source: &Source) {
+    let _one_at_a_time = node.reloading();
+    reload_serialized(node, source, source.fingerprint());
+}
+
+/// Reloads when the source changed since the last reload read it, or, with `if_degraded`,
+/// when the configuration is degraded (an invalid object, a failed reload); whether it did.
+/// Blocking: call off the async threads.
+pub fn reload_if_changed(node: &Node, source: &Source, if_degraded: bool) -> bool {
+    let _one_at_a_time = node.reloading();
+    let now = source.fingerprint();
+    let (changed, degraded) = {
+        let config = lock(node.config());
+        (now != config.loaded_from, config.degraded())
+    };
+    if !(changed || if_degraded && degraded) {
+        return false;
+    }
+    if changed && node.engine().is_loaded() {
+        tracing::info!(source = %source.describe(), "pools changed; reloading");
+    }
+    reload_serialized(node, source, now);
+    true
+}
+
+/// Cluster mode: reloads as soon as the watches deliver a change of pools (after a short pause
+/// that gathers a burst: a relist, `kubectl apply -f dir/`), the first lists included, rather
+/// than at the next tick: the agent is ready once its watches have listed, and serves a new
+/// pool a moment after it is created.
+pub async fn follow_index(node: Arc<Node>) {
+    let Some(index) = node.cluster().map(|c| c.index.clone()) else {
+        return;
+    };
+    let mut changes = index.changes();
+    while changes.changed().await.is_ok() {
+        let seen = index.read().pools_generation();
+        if seen.is_none() || seen == lock(node.config()).loaded_from {
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (node, source) = (node.clone(), Source::Cluster(index.clone()));
+        if let Err(e) =
+            tokio::task::spawn_blocking(move || reload_if_changed(&node, &source, false)).await
+        {
+            tracing::error!("reloading the pools failed: {e}");
+        }
+    }
+}
+
+/// Reloads what `source` says, read after its `fingerprint`.
+fn reload_serialized(node: &Node, source: &Source, fingerprint: Option<u64>) {
     let first_load = !node.engine().is_loaded();
     let result = (|| -> Result<(), String> {
         let observation = source.load()?;
@@ -110,6 +160,7 @@ pub fn reload(node: &Node, source: &Source) {
             problems: reconciled.problems,
             incomplete,
             failure: None,
+            loaded_from: fingerprint,
         };
         Ok(())
     })();
@@ -124,6 +175,8 @@ pub fn reload(node: &Node, source: &Source) {
             }
         }
         config.failure = Some(why);
+        // Degraded: the ticker retries it; a change of the watched pools does not.
+        config.loaded_from = fingerprint;
     }
     let config = lock(node.config());
     node.metrics().set_config(&config);
@@ -154,7 +207,6 @@ fn serving_pools(node: &Node) -> Result<BTreeSet<String>, String> {
 /// configuration is degraded, follow the store's change feed, replay the DEL journal, release
 /// kept StatefulSet addresses past their keep time.
 pub async fn run(node: Arc<Node>, source: Source, every: Duration) {
-    let mut last = source.fingerprint();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let expire_every = Duration::from_secs(60);
@@ -167,16 +219,8 @@ pub async fn run(node: Arc<Node>, source: Source, every: Duration) {
         if expire {
             last_expiry = tokio::time::Instant::now();
         }
-        let fingerprint = last;
         let work = tokio::task::spawn_blocking(move || {
-            let now = source.fingerprint();
-            let degraded = lock(node.config()).degraded();
-            if now != fingerprint || degraded {
-                if now != fingerprint {
-                    tracing::info!(source = %source.describe(), "pools changed; reloading");
-                }
-                reload(&node, &source);
-            }
+            reload_if_changed(&node, &source, true);
             if let Err(e) = node.engine().tick() {
                 tracing::warn!("following the store's changes: {e}");
             }
@@ -186,12 +230,10 @@ pub async fn run(node: Arc<Node>, source: Source, every: Duration) {
                 crate::memory::release_free_pages();
                 node.expire_kept();
             }
-            now
         })
         .await;
-        match work {
-            Ok(now) => last = now,
-            Err(e) => tracing::error!("periodic work failed: {e}"),
+        if let Err(e) = work {
+            tracing::error!("periodic work failed: {e}");
         }
     }
 }

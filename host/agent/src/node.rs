@@ -154,6 +154,9 @@ pub struct Node {
     metrics: Arc<Metrics>,
     name: String,
     config: SharedConfig,
+    /// Held by a reload from start to end: one reload at a time, so that an older observation
+    /// is never installed over a newer one.
+    reloading: std::sync::Mutex<()>,
     journal: Journal,
     /// Cluster mode's indexes and API client (`--kubernetes`).
     cluster: Option<Cluster>,
@@ -180,6 +183,7 @@ impl Node {
             metrics: Arc::new(Metrics::new()),
             name: name.into(),
             config: SharedConfig::default(),
+            reloading: std::sync::Mutex::default(),
             journal,
             cluster: None,
             underlay: Underlay::default(),
@@ -236,6 +240,11 @@ impl Node {
 
     pub fn config(&self) -> &SharedConfig {
         &self.config
+    }
+
+    /// One reload of the pools at a time (the inventory's).
+    pub(crate) fn reloading(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.reloading.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn journal(&self) -> &Journal {

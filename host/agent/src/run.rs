@@ -227,7 +227,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             source,
             Duration::from_millis(args.reload_interval_ms.max(100)),
         ));
+        let pools_follower = tokio::spawn(inventory::follow_index(node.clone()));
         let served = server::serve(node, owned).await;
+        pools_follower.abort();
         ticker.abort();
         expiry.abort();
         served

@@ -28,29 +28,38 @@ pub struct SubnetObject(pub DynamicObject);
 #[derive(Clone, Debug)]
 pub struct ReservedObject(pub DynamicObject);
 
-/// Core's observation of one object: its spec with the metadata core reads, under the
-/// object's own kind.
-pub(crate) fn observe(kind: ObjectKind, object: &DynamicObject) -> Observed {
-    let name = object.metadata.name.clone().unwrap_or_default();
-    let source = format!("{kind}/{name}");
+/// What core reads of one object: its spec with the metadata core reads, under the object's
+/// own kind (not its status, which the controller rewrites every few seconds).
+fn document(kind: ObjectKind, object: &DynamicObject) -> Value {
     let m = &object.metadata;
-    let document = json!({
+    json!({
         "apiVersion": documents::API_VERSION,
         "kind": kind.as_str(),
         "metadata": {
-            "name": name,
+            "name": m.name.clone().unwrap_or_default(),
             "labels": m.labels.clone().unwrap_or_default(),
             "annotations": m.annotations.clone().unwrap_or_default(),
             "deletionTimestamp": m.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
         },
         "spec": object.data.get("spec").cloned().unwrap_or(Value::Null),
-    });
-    let observed = serde_yaml::to_value(&document)
+    })
+}
+
+/// Core's observation of one object.
+pub(crate) fn observe(kind: ObjectKind, object: &DynamicObject) -> Observed {
+    let name = object.metadata.name.clone().unwrap_or_default();
+    observe_document(kind, &name, &document(kind, object))
+}
+
+/// Core's observation of one object's [`document`].
+fn observe_document(kind: ObjectKind, name: &str, document: &Value) -> Observed {
+    let source = format!("{kind}/{name}");
+    let observed = serde_yaml::to_value(document)
         .map_err(|e| format!("{source}: {e}"))
         .and_then(|value| documents::observe(value, &source, &source));
     observed.unwrap_or_else(|error| Observed {
         kind,
-        name,
+        name: name.to_string(),
         source: source.clone(),
         at: source,
         object: Err(Invalid {
@@ -60,32 +69,66 @@ pub(crate) fn observe(kind: ObjectKind, object: &DynamicObject) -> Observed {
     })
 }
 
+impl Index {
+    /// Puts `object` of `kind` in; whether what core reads of it changed.
+    fn put_allot(&mut self, kind: ObjectKind, object: &DynamicObject) -> bool {
+        let key = (kind, object.metadata.name.clone().unwrap_or_default());
+        let document = document(kind, object);
+        if self.allot_documents.get(&key) == Some(&document) {
+            return false;
+        }
+        self.allot
+            .insert(key.clone(), observe_document(kind, &key.1, &document));
+        self.allot_documents.insert(key, document);
+        true
+    }
+
+    fn remove_allot(&mut self, kind: ObjectKind, name: String) -> bool {
+        let key = (kind, name);
+        self.allot_documents.remove(&key);
+        self.allot.remove(&key).is_some()
+    }
+}
+
 macro_rules! allot_kind {
     ($wrapper:ident, $object_kind:expr, $tag:expr) => {
         impl IndexResource<$wrapper> for Index {
             const KIND: &'static str = $tag.as_str();
 
             fn apply(&mut self, o: $wrapper) {
-                let observed = observe($object_kind, &o.0);
-                self.allot
-                    .insert(($object_kind, observed.name.clone()), observed);
-                self.allot_changed();
+                if self.put_allot($object_kind, &o.0) {
+                    self.allot_changed();
+                }
             }
 
             fn delete(&mut self, o: $wrapper) {
                 let name = o.0.metadata.name.clone().unwrap_or_default();
-                self.allot.remove(&($object_kind, name));
-                self.allot_changed();
+                if self.remove_allot($object_kind, name) {
+                    self.allot_changed();
+                }
             }
 
             fn reset(&mut self, all: Vec<$wrapper>) {
-                self.allot.retain(|(kind, _), _| *kind != $object_kind);
-                for o in all {
-                    let observed = observe($object_kind, &o.0);
-                    self.allot
-                        .insert(($object_kind, observed.name.clone()), observed);
+                let listed: std::collections::BTreeSet<String> = all
+                    .iter()
+                    .map(|o| o.0.metadata.name.clone().unwrap_or_default())
+                    .collect();
+                let gone: Vec<String> = self
+                    .allot
+                    .keys()
+                    .filter(|(kind, name)| *kind == $object_kind && !listed.contains(name))
+                    .map(|(_, name)| name.clone())
+                    .collect();
+                let mut changed = !self.is_synced($tag);
+                for name in gone {
+                    changed |= self.remove_allot($object_kind, name);
                 }
-                self.allot_changed();
+                for o in all {
+                    changed |= self.put_allot($object_kind, &o.0);
+                }
+                if changed {
+                    self.allot_changed();
+                }
                 self.mark_synced($tag);
             }
         }

@@ -118,8 +118,11 @@ pub struct Index {
     pub(crate) jobs: HashMap<Key, Option<Owner>>,
     pub(crate) statefulsets: HashMap<Key, u32>,
     pub(crate) allot: BTreeMap<(ObjectKind, String), Observed>,
+    /// The document each of `allot` was observed from: an event that changes none of it (a
+    /// status write, a relist) changes nothing the agent serves.
+    pub(crate) allot_documents: HashMap<(ObjectKind, String), serde_json::Value>,
     pub(crate) synced: BTreeSet<Kind>,
-    /// Bumped by every change of an IPPool, Subnet or ReservedIP.
+    /// Bumped by every change of what an IPPool, Subnet or ReservedIP says (not its status).
     allot_generation: u64,
 }
 
@@ -155,6 +158,19 @@ impl Index {
         self.allot_generation += 1;
     }
 
+    /// Changes whenever what [`Index::observation`] returns changes; `None` until the first
+    /// lists of pool objects arrived. Cheap: for checking before each ADD.
+    pub fn pools_generation(&self) -> Option<u64> {
+        self.pools_synced().then_some(self.allot_generation)
+    }
+
+    fn pools_synced(&self) -> bool {
+        Kind::ALL
+            .iter()
+            .filter(|k| k.holds_pools())
+            .all(|k| self.is_synced(*k))
+    }
+
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodFacts> {
         self.pods.get(&key(namespace, name))
     }
@@ -177,11 +193,7 @@ impl Index {
     /// that changes with them; `None` until all three kinds are listed (an empty cache must not
     /// read as "every pool deleted").
     pub fn observation(&self) -> Option<(u64, Observation)> {
-        if !Kind::ALL
-            .iter()
-            .filter(|k| k.holds_pools())
-            .all(|k| self.is_synced(*k))
-        {
+        if !self.pools_synced() {
             return None;
         }
         Some((

@@ -389,6 +389,34 @@ fn pools_are_observed_only_once_all_three_kinds_are_listed() {
 }
 
 #[test]
+fn a_status_write_or_a_relist_of_the_same_pools_changes_nothing_agents_serve() {
+    let mut i = listed();
+    let pool = |status: serde_json::Value| {
+        let mut o = dynamic("IPPool", "a", json!({"subnet": "10.6.0.0/24"}));
+        o.data["status"] = status;
+        PoolObject(o)
+    };
+    i.apply(pool(json!({"allocatedIPCount": 0})));
+    let generation = i.pools_generation().unwrap();
+    // The controller rewrites counts every few seconds; a watch relists every few minutes.
+    i.apply(pool(json!({"allocatedIPCount": 3})));
+    i.reset(vec![pool(json!({"allocatedIPCount": 4}))]);
+    assert_eq!(i.pools_generation(), Some(generation));
+    let mut edited = dynamic("IPPool", "a", json!({"subnet": "10.6.0.0/23"}));
+    edited.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+    i.apply(PoolObject(edited));
+    assert_ne!(i.pools_generation(), Some(generation));
+    let edited = i.pools_generation();
+    i.reset(Vec::<PoolObject>::new());
+    assert_ne!(
+        i.pools_generation(),
+        edited,
+        "a relist without it deletes it"
+    );
+    assert!(i.valid_pools().is_empty());
+}
+
+#[test]
 fn a_malformed_pool_is_one_invalid_object_and_the_last_good_version_stays_in_force() {
     let mut i = listed();
     i.apply(PoolObject(dynamic(

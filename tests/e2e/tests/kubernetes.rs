@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use allot_e2e::kube::{ALLOT, KubeApi, two_pools};
+use allot_e2e::kube::{ALLOT, KubeApi, pool, two_pools};
 use allot_e2e::*;
 use serde_json::{Value, json};
 
@@ -175,6 +175,47 @@ fn a_pod_is_served_from_what_the_cluster_says_about_it() {
             .all(|b| b["spec"]["claims"].get(&address).is_none()),
         "the claim is gone from its IPBlock"
     );
+}
+
+/// `kubectl apply` of a pool and a Deployment naming it: the first pods' ADDs come a moment
+/// after the pool, well before the agent's periodic reload (here a minute away). The ADD finds
+/// the pool the watch delivered; it does not fail with "IPPool … does not exist".
+#[test]
+fn a_pool_created_a_moment_before_its_pod_serves_the_pods_add() {
+    let test = "a_pool_created_a_moment_before_its_pod_serves_the_pods_add";
+    let Some(cluster) = Cluster::new(test, &two_pools()) else {
+        return;
+    };
+    let Some(lab) = lab(test, &cluster, &[("--reload-interval-ms", "60000")]) else {
+        return;
+    };
+    cluster.api.create(
+        "ippools",
+        pool(
+            "late",
+            "10.97.3.0/24",
+            "10.97.3.1",
+            "10.97.3.10-10.97.3.19",
+            false,
+        ),
+    );
+    // Time for the watch to deliver it (the same order of time a pod takes to be scheduled
+    // and get a sandbox), far less than the reload interval.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut att = Attachment::new("late-1");
+    cluster.add_pod(
+        &mut att,
+        json!({"ipam.allot.dev/ippool": "{\"ipv4\": [\"late\"]}"}),
+        None,
+    );
+    let conf = lab.bridge_conf(&["plain"], &[]);
+    let add = lab.bridge_add(&att, &conf);
+    let ip = add.ip();
+    assert!(
+        in_range(addr_of(&ip), "10.97.3.10", "10.97.3.19"),
+        "{ip} is not from the new pool:\n{add}"
+    );
+    lab.cni("bridge", "DEL", &att, &conf).expect_ok();
 }
 
 /// A pod the API does not know, the watch's or the API's: the ADD fails with try-again (after
