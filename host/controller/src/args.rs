@@ -59,6 +59,13 @@ pub struct ControllerArgs {
         default_value_t = 300
     )]
     pub audit_interval_seconds: u64,
+    /// After SIGTERM, how long the webhook keeps answering (reporting not ready meanwhile)
+    /// before it stops. The API server sends admission requests to the endpoints it knows, and
+    /// learns that this replica is terminating a moment after the replica does; a webhook that
+    /// stopped at once would refuse what was sent meanwhile, and the webhook fails closed. The
+    /// pod's terminationGracePeriodSeconds must exceed it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pub shutdown_delay_seconds: u64,
     /// Delete the webhook configurations this controller made, and exit (for an uninstall
     /// hook: configurations that fail closed must not outlive the controller).
     #[arg(long)]

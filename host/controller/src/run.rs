@@ -167,12 +167,24 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         stopped(stop_rx.clone()),
     ));
 
+    // The webhook stops last, after the shutdown delay (see --shutdown-delay-seconds).
+    let (webhook_stop_tx, webhook_stop_rx) = watch::channel(false);
+    let certified = Readiness::default();
     let mut webhook = {
         let (client, store, leadership) = (client.clone(), store.clone(), leadership.clone());
         let (webhook_args, namespace) = (args.webhook.clone(), args.namespace.clone());
-        let stop = stopped(stop_rx.clone());
+        let (stop, certified) = (stopped(webhook_stop_rx), certified.clone());
         tokio::spawn(async move {
-            crate::webhook::run(client, &webhook_args, &namespace, store, leadership, stop).await
+            crate::webhook::run(
+                client,
+                &webhook_args,
+                &namespace,
+                store,
+                leadership,
+                certified,
+                stop,
+            )
+            .await
         })
     };
     let auto_pools = tokio::spawn(
@@ -195,7 +207,8 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         .run(stopped(stop_rx.clone())),
     );
 
-    // Ready once the index has listed what GC and pool lifecycle read.
+    // Ready once the index has listed what GC and pool lifecycle read, and the webhook serves
+    // a certificate.
     let readiness = {
         let index = index.clone();
         let ready = ready.clone();
@@ -205,6 +218,9 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
                     (i.ready_for_gc() && i.ready_for_pools()).then_some(())
                 })
                 .await;
+            while !certified.get() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             ready.set(true);
             tracing::info!("index listed: ready");
         })
@@ -227,6 +243,20 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
     tracing::info!("stopping: giving the lease up");
     let _ = stop_tx.send(true);
     readiness.abort();
+    ready.set(false);
+    let delay = Duration::from_secs(args.shutdown_delay_seconds);
+    if !delay.is_zero() {
+        tracing::info!(
+            "stopping: the webhook answers for {delay:?} more, while the API server learns that \
+             this replica is going"
+        );
+        // A second signal (an impatient operator) stops at once.
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown_signal() => {}
+        }
+    }
+    let _ = webhook_stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = election.await;
         let _ = gc.await;

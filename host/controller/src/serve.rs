@@ -48,7 +48,7 @@ fn answer(metrics: &Metrics, ready: &Readiness, req: &Request<Incoming>) -> Resp
         "/readyz" => reply(
             StatusCode::SERVICE_UNAVAILABLE,
             TEXT,
-            "not ready: the watches have not listed yet\n".into(),
+            "not ready: the watches have not listed yet, or the controller is stopping\n".into(),
         ),
         _ => reply(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
     }

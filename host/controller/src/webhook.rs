@@ -202,15 +202,29 @@ impl Webhook {
 }
 
 /// Serves the webhooks until `shutdown` completes: the controller's entry point.
+/// `certified` turns true once a certificate is served: until then a handshake fails, so the
+/// replica must not be ready (the API server would be sent to it).
 pub async fn run(
     client: kube::Client,
     args: &WebhookArgs,
     namespace: &str,
     store: Arc<dyn Store>,
     leadership: Leadership,
+    certified: crate::serve::Readiness,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let webhook = Webhook::start(client, args.settings(namespace), store, leadership).await?;
+    let mut shutdown = std::pin::pin!(shutdown);
+    while !webhook.ready() {
+        tokio::select! {
+            _ = &mut shutdown => {
+                webhook.stop().await;
+                return Ok(());
+            }
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    certified.set(true);
     shutdown.await;
     webhook.stop().await;
     Ok(())

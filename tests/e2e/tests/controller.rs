@@ -108,6 +108,10 @@ impl Cluster {
     }
 
     fn controller(&self, identity: &str) -> Child {
+        self.controller_with(identity, &[])
+    }
+
+    fn controller_with(&self, identity: &str, extra: &[&str]) -> Child {
         let log = std::fs::File::create(self.log_path(identity)).unwrap();
         let kubeconfig = self.api.kubeconfig_of(identity);
         Command::new(bin("allot-controller"))
@@ -127,6 +131,7 @@ impl Cluster {
                 "1",
             ])
             .args(["--gc-grace", "1", "--gc-interval", "1"])
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -164,24 +169,11 @@ impl Cluster {
     }
 }
 
-fn until(what: &str, timeout: Duration, f: impl Fn() -> bool) {
+fn until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
         assert!(t.elapsed() < timeout, "{what}: not within {timeout:?}");
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn stop(mut child: Child) {
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
-    }
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -248,7 +240,7 @@ fn two_controllers_only_the_leader_acts_and_the_other_takes_over_when_it_dies() 
     until("a leads", Duration::from_secs(20), || {
         c.lease_holder().as_deref() == Some("controller-a")
     });
-    let b = c.controller("controller-b");
+    let b = c.controller_with("controller-b", &["--shutdown-delay-seconds", "4"]);
 
     // The leaked address is released (seen twice, one grace second apart, the pod read again),
     // the running pod's stays; the pool gets its finalizer and its counts.
@@ -287,12 +279,67 @@ fn two_controllers_only_the_leader_acts_and_the_other_takes_over_when_it_dies() 
         released("controller-b") > 0
     });
     assert_eq!(released("controller-b"), 1, "{}", c.log("controller-b"));
-    stop(b);
-    assert_eq!(
-        c.lease_holder().unwrap_or_default(),
-        "",
-        "a stopping leader gives the lease up"
+    stop_draining(&c, b, "controller-b");
+}
+
+/// The address a line of `log` containing `message` gives in `field=`.
+fn logged_address(log: &str, message: &str, field: &str) -> Option<std::net::SocketAddr> {
+    log.lines()
+        .filter(|l| l.contains(message))
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|w| w.strip_prefix(&format!("{field}=")))
+        .and_then(|a| a.parse().ok())
+}
+
+/// SIGTERM to a leader started with `--shutdown-delay-seconds 4`: it gives the lease up at once
+/// and reports not ready, but its webhook keeps accepting connections through the delay (the
+/// API server may still send admissions there until it learns the replica is going: a webhook
+/// that failed closed refused them, and `helm upgrade` with them); then it exits.
+fn stop_draining(c: &Cluster, mut child: Child, identity: &str) {
+    let log = c.log(identity);
+    let metrics = logged_address(&log, "serving /metrics", "bound").expect(&log);
+    let webhook = logged_address(&log, "webhook: serving HTTPS", "address").expect(&log);
+    let readyz = || {
+        let mut s = std::net::TcpStream::connect(metrics).ok()?;
+        use std::io::{Read, Write};
+        s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).ok()?;
+        answer.split_whitespace().nth(1).map(str::to_string)
+    };
+    assert_eq!(readyz().as_deref(), Some("200"));
+    let signalled = Instant::now();
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    until("the lease is given up", Duration::from_secs(3), || {
+        c.lease_holder().unwrap_or_default().is_empty()
+    });
+    until("not ready", Duration::from_secs(3), || {
+        readyz().as_deref() == Some("503")
+    });
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "took too long to tell before the delay's end"
     );
+    assert!(
+        std::net::TcpStream::connect(webhook).is_ok(),
+        "the webhook stopped answering before the shutdown delay"
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited before the delay"
+    );
+    until("it exits after the delay", Duration::from_secs(10), || {
+        child.try_wait().unwrap().is_some()
+    });
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(4),
+        "exited {:?} after SIGTERM, within its shutdown delay",
+        signalled.elapsed()
+    );
+    assert!(std::net::TcpStream::connect(webhook).is_err());
 }
 
 impl Cluster {
