@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use allot_api::ProbeSettings;
-use allot_core::engine::EngineConfig;
+use allot_engine::EngineConfig;
 use allot_store::StoreArgs;
 use anyhow::bail;
 use clap::{Parser, ValueEnum};

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::engine::{Engine, EngineConfig, seed_of};
 use allot_core::store::{Store, system_clock};
+use allot_engine::{Engine, EngineConfig, seed_of};
 use allot_policy::{
     Limits, OnFailure, PolicyEngine, PolicyRegistry, PolicySource, PrecompiledCache,
 };

@@ -12,8 +12,8 @@ use allot_agent::inventory::{self, Source};
 use allot_agent::journal::Journal;
 use allot_agent::node::{Node, NodeError};
 use allot_api::{self as api, codes};
-use allot_core::engine::{Engine, EngineConfig};
 use allot_core::store::{MemoryStore, Store, system_clock};
+use allot_engine::{Engine, EngineConfig};
 use allot_policy::{Limits, PolicyEngine, PolicyRegistry, PolicySource};
 
 const POOLS: &str = r#"

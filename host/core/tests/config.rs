@@ -1,21 +1,31 @@
 //! The fail-safe rule of configuration reloads: an invalid object never makes more addresses
 //! allocatable than before.
 
-mod common;
-
 use allot_core::config::{
     InForce, Invalid, Object, ObjectKind, Observation, Observed, ProblemState, Reconciled,
     reconcile,
 };
-use allot_core::spec::{ObjectMeta, ReservedIpSpec};
+use allot_core::spec::{IpPoolSpec, ObjectMeta, ReservedIpSpec};
 use allot_core::{Pool, Reserved};
-use common::pool;
 
 fn meta(name: &str) -> ObjectMeta {
     ObjectMeta {
         name: name.into(),
         ..Default::default()
     }
+}
+
+fn pool(name: &str, subnet: &str, ips: &[&str], gateway: Option<&str>) -> Pool {
+    Pool::from_spec(
+        meta(name),
+        IpPoolSpec {
+            subnet: subnet.into(),
+            ips: ips.iter().map(|s| s.to_string()).collect(),
+            gateway: gateway.map(str::to_string),
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn reserved(name: &str, ips: &[&str]) -> Reserved {

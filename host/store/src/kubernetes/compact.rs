@@ -386,9 +386,12 @@ impl Stored {
 }
 
 /// An index key: a hash (lookups check the claims they find, so a collision costs a look, never
-/// a wrong answer).
+/// a wrong answer). std's SipHash with fixed keys: the same in every process of one build.
 pub(super) fn key(value: &impl std::hash::Hash) -> u64 {
-    allot_core::engine::seed_of(value)
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
 }
 
 pub(super) fn attachment_key(a: &Attachment) -> u64 {

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::addr::{AddrSet, IpFamily, addr_to_u128, u128_to_addr};
+use allot_core::addr::{AddrSet, IpFamily, addr_to_u128, u128_to_addr};
 
 /// Pools spanning at most this many addresses use a bitmap (2 MiB for a /8); larger spans (an
 /// IPv6 /64) use free ranges in a B-tree.

@@ -9,15 +9,15 @@
 
 use std::net::IpAddr;
 
-use crate::addr::IpFamily;
-use crate::policy::{
+use allot_core::addr::IpFamily;
+use allot_core::policy::{
     AddressHint, DropReason, FamilyDecision, Inventory, PolicyError, PolicyErrorKind, PoolRef,
     Request, describe_drop,
 };
-use crate::store::Claim;
+use allot_core::store::Claim;
 
-use super::AllocError;
-use super::state::State;
+use crate::AllocError;
+use crate::state::State;
 
 /// Why a given address cannot be handed out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,7 +105,7 @@ impl State {
                 .owner
                 .as_ref()
                 .map(|o| (o.kind.as_str(), o.name.as_str()));
-            if crate::declared::reserved_for_pod(
+            if allot_core::declared::reserved_for_pod(
                 &self.reserved,
                 address,
                 &request.pod.namespace,

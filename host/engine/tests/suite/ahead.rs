@@ -2,10 +2,9 @@
 //! hand out next, and a free address found in use is quarantined without ever being free in
 //! between, or not at all once an ADD has it.
 
-mod common;
 
 use allot_core::store::Store;
-use common::*;
+use crate::common::*;
 
 #[test]
 fn upcoming_addresses_are_the_ones_adds_hand_out_next() {

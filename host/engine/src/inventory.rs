@@ -3,11 +3,11 @@
 
 use std::collections::BTreeSet;
 
-use super::state::{Carried, State};
-use super::{Engine, Installed, LoadError, PoolState, PoolUsage, lock};
-use crate::policy::Policy;
-use crate::pool::{Pool, Reserved, Subnet};
-use crate::store::{Changes, Store, StoreError};
+use crate::state::{Carried, State};
+use crate::{Engine, Installed, LoadError, PoolState, PoolUsage, lock};
+use allot_core::policy::Policy;
+use allot_core::pool::{Pool, Reserved, Subnet};
+use allot_core::store::{Changes, Store, StoreError};
 
 impl<S: Store, P: Policy> Engine<S, P> {
     /// Installs a new inventory (checked pools, subnets, reservations) and rebuilds the free

@@ -2,15 +2,14 @@
 //! address its firewall rules and DNS know; anything the host cannot honour fails the NIC with
 //! the address and the reason, and never hands out another address instead.
 
-mod common;
 
-use allot_core::engine::{AllocError, EngineConfig};
 use allot_core::spec::{IpPoolSpec, ObjectMeta, ReservedIpSpec};
 use allot_core::store::{MemoryStore, Store};
 use allot_core::{PolicyErrorKind, Pool, Reserved};
-use common::*;
+use allot_engine::{AllocError, EngineConfig};
+use crate::common::*;
 
-fn given(container: &str, v4: &[&str], address: &str) -> allot_core::engine::AddRequest {
+fn given(container: &str, v4: &[&str], address: &str) -> allot_engine::AddRequest {
     let mut r = add_req(container, "eth0", v4, &[]);
     r.pod
         .annotations
@@ -204,12 +203,8 @@ fn a_cooling_address_is_given_at_once_and_a_kept_one_goes_back_to_its_statefulse
         cooldown: 300,
         ..quick()
     };
-    let engine = allot_core::engine::Engine::with_config(
-        MemoryStore::new(),
-        CniDefaultsPolicy,
-        config,
-        clock,
-    );
+    let engine =
+        allot_engine::Engine::with_config(MemoryStore::new(), CniDefaultsPolicy, config, clock);
     engine.load(pools(), vec![], vec![]).unwrap();
     engine.add(&given("c1", &["legacy"], "10.0.0.20")).unwrap();
     engine.del(&att("c1", "eth0")).unwrap();
@@ -298,7 +293,7 @@ fn a_statefulset_scaled_3_1_3_gets_its_same_three_addresses_and_nobody_else_mean
     }
     // Scaled to 1: pods 1 and 2 are deleted for good (their ordinals are past the replicas).
     for n in [1, 2] {
-        let mut del = allot_core::engine::DelRequest::new(att(&format!("a{n}"), "eth0"));
+        let mut del = allot_engine::DelRequest::new(att(&format!("a{n}"), "eth0"));
         del.owner_replicas = Some(1);
         engine.del_request(&del).unwrap();
     }

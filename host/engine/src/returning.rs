@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use crate::addr::IpFamily;
-use crate::store::Claim;
+use allot_core::addr::IpFamily;
+use allot_core::store::Claim;
 
 /// How long a released address is remembered for its pod: a runtime's retries back off to
 /// minutes apart. Past the cooldown the address is free anyway; this only prefers it.

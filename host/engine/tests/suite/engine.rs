@@ -5,16 +5,15 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Barrier};
 
-use allot_core::engine::{AllocError, Engine, EngineConfig};
 use allot_core::policy::Owner;
 use allot_core::spec::{ObjectMeta, ReservedIpSpec};
 use allot_core::store::{
     Attachment, Changes, Claim, MemoryStore, PodRef, Reattach, Snapshot, Store, StoreError,
 };
 use allot_core::{IpFamily, PolicyErrorKind, Reserved};
+use allot_engine::{AllocError, Engine, EngineConfig};
 
-mod common;
-use common::*;
+use crate::common::*;
 
 #[test]
 fn add_is_idempotent_per_attachment_and_del_releases_only_its_own() {

@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{AddOutcome, AllocError, DelRequest, Engine, GcReport, Serialized, lock};
-use crate::gc;
-use crate::policy::Policy;
-use crate::store::{Attachment, Claim, Store, unchanged};
+use crate::{AddOutcome, AllocError, DelRequest, Engine, GcReport, Serialized, lock};
+use allot_core::gc;
+use allot_core::policy::Policy;
+use allot_core::store::{Attachment, Claim, Store, unchanged};
 
 /// Claims released per store transaction by GC and expiry: one fsync per batch, not per claim.
 const RELEASE_BATCH: usize = 1000;
@@ -66,7 +66,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
         self.mark_released(&released);
         // For the pod's next sandbox (a runtime retrying it); GC and expiry release for pods
         // that are gone, which never come back for it.
-        super::lock(&self.returning).remember(&released, self.now());
+        crate::lock(&self.returning).remember(&released, self.now());
         Ok(released)
     }
 

@@ -6,7 +6,6 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use allot_core::engine::{AddRequest, Engine, EngineConfig};
 use allot_core::policy::{
     AcquisitionRule, CniDefaults, Decision, DropReason, Dropped, FamilyDecision, Inventory,
     NamespaceInfo, NicDecision, NodeInfo, Owner, PodInfo, Policy, PolicyError, PoolRef, Request,
@@ -14,6 +13,7 @@ use allot_core::policy::{
 use allot_core::spec::{IpPoolSpec, ObjectMeta, RouteSpec};
 use allot_core::store::{Attachment, Clock, MemoryStore, Store};
 use allot_core::{IpFamily, PolicyErrorKind, Pool};
+use allot_engine::{AddRequest, Engine, EngineConfig};
 
 /// Candidates: the CNI default pools of each family, in order; exhausted ones dropped. A pod
 /// annotated `given-ipv4` / `given-ipv6` is given that address (contract 0.3.0's hint).
@@ -198,4 +198,31 @@ pub fn att(container: &str, ifname: &str) -> Attachment {
 
 pub fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
+}
+
+/// The addresses an ADD returned, in order.
+pub fn addresses(out: &allot_engine::AddOutcome) -> Vec<IpAddr> {
+    out.allocations.iter().map(|a| a.address).collect()
+}
+
+/// The time a clocked engine reads, moved by the test.
+pub type Now = Arc<std::sync::atomic::AtomicU64>;
+
+/// An engine on `store` whose clock the test moves; the store's writes (release times) read the
+/// same clock.
+pub fn clocked_on(
+    store: Arc<MemoryStore>,
+    now: &Now,
+    config: EngineConfig,
+) -> Engine<Arc<MemoryStore>, CniDefaultsPolicy> {
+    let read = now.clone();
+    let clock: allot_core::store::Clock = Arc::new(move || read.load(std::sync::atomic::Ordering::SeqCst));
+    Engine::with_config(store, CniDefaultsPolicy, config, clock)
+}
+
+/// An engine on a fresh store, both on a clock the test moves from `start`.
+pub fn clocked(config: EngineConfig, start: u64) -> (Engine<Arc<MemoryStore>, CniDefaultsPolicy>, Now) {
+    let (clock, now) = manual_clock(start);
+    let store = Arc::new(MemoryStore::with_clock(clock));
+    (clocked_on(store, &now, config), now)
 }

@@ -8,13 +8,13 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::addr::{AddrSet, IpFamily, addr_to_u128};
 use crate::free::FreeIndex;
-use crate::policy::Inventory;
-use crate::pool::{Pool, Reserved, Subnet, reserved_set};
-use crate::store::{Change, ChangeKind, Snapshot};
+use allot_core::addr::{AddrSet, IpFamily, addr_to_u128};
+use allot_core::policy::Inventory;
+use allot_core::pool::{Pool, Reserved, Subnet, reserved_set};
+use allot_core::store::{Change, ChangeKind, Snapshot};
 
-use super::LoadError;
+use crate::LoadError;
 
 pub(super) struct PoolEntry {
     pub pool: Pool,
@@ -32,7 +32,7 @@ const COOLING_TIE_SECONDS: u64 = 5;
 
 /// Where a cooling address stands among its pool's: by the end of its cooldown to within
 /// [`COOLING_TIE_SECONDS`], then in an order of this node's own when nodes share the store
-/// ([`super::EngineConfig::spread`]), then exactly. Without that order every node would hand out
+/// ([`crate::EngineConfig::spread`]), then exactly. Without that order every node would hand out
 /// the same address next (a pool scaled to 0 and back within its cooldown has nothing else), and
 /// all but one would lose the race for it, again and again: scaled up to 1,000 pods on 10 nodes,
 /// an ADD lost 16 races in a row. Within a few seconds of each other, which goes first does not
@@ -74,7 +74,7 @@ pub(super) struct State {
     /// claim is not made cools on.
     taken_cooling: HashMap<IpAddr, u64>,
     cooldown: u64,
-    /// [`super::EngineConfig::spread`]: this node's order of cooling addresses.
+    /// [`crate::EngineConfig::spread`]: this node's order of cooling addresses.
     spread: Option<u64>,
     /// The ReservedIPs in force, to name the one that keeps a given address from a pod.
     pub reserved: Vec<Reserved>,
@@ -90,7 +90,7 @@ pub(super) struct Carried<'a> {
     pub cursors: HashMap<String, IpAddr>,
     pub cooldown: u64,
     pub now: u64,
-    /// [`super::EngineConfig::spread`].
+    /// [`crate::EngineConfig::spread`].
     pub spread: Option<u64>,
 }
 
@@ -178,7 +178,7 @@ impl State {
             };
             match (carried.cursors.get(&ip.name), carried.spread) {
                 (Some(&cursor), _) => index.resume_after(cursor),
-                (None, Some(spread)) => index.scatter(super::seed_of(&(spread, &ip.name))),
+                (None, Some(spread)) => index.scatter(crate::seed_of(&(spread, &ip.name))),
                 (None, None) => {
                     if let Some(cursor) = stored() {
                         index.resume_after(cursor);
@@ -320,7 +320,7 @@ impl State {
             window: until / COOLING_TIE_SECONDS,
             order: self
                 .spread
-                .map_or(0, |spread| super::seed_of(&(spread, addr))),
+                .map_or(0, |spread| crate::seed_of(&(spread, addr))),
             until,
             addr,
         }

@@ -5,12 +5,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use allot_core::engine::{AddRequest, AllocError, Engine, EngineConfig};
 use allot_core::policy::Owner;
 use allot_core::store::{MemoryStore, Store, VIRTUAL_MACHINE_KIND};
+use allot_engine::{AddRequest, AllocError, Engine, EngineConfig};
 
-mod common;
-use common::*;
+use crate::common::*;
 
 type Node = Engine<Arc<MemoryStore>, CniDefaultsPolicy>;
 

@@ -1,6 +1,6 @@
 //! Choosing a free address in a /8 at 90% use against a /24 at 90% use, in one run.
 //!
-//! `cargo bench -p allot-core --bench address_choice` (results: docs/benchmarks.md). Every 10th
+//! `cargo bench -p allot-engine --bench address_choice` (results: docs/benchmarks.md). Every 10th
 //! address is free (the worst layout for the index: one free range per free address). One
 //! operation takes the next free address and returns it, so the pool stays at 90% and the cursor
 //! keeps moving through the whole pool.
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use allot_core::AddrSet;
 use allot_core::addr::{IpFamily, u128_to_addr};
-use allot_core::free::FreeIndex;
+use allot_engine::free::FreeIndex;
 
 fn pool_at_90_percent(net: &str) -> (FreeIndex, usize) {
     let net: ipnet::IpNet = net.parse().unwrap();

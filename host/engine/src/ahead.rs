@@ -4,9 +4,9 @@
 
 use std::net::IpAddr;
 
-use super::{AllocError, Engine};
-use crate::policy::Policy;
-use crate::store::{Claim, PodRef, Store, StoreError};
+use crate::{AllocError, Engine};
+use allot_core::policy::Policy;
+use allot_core::store::{Claim, PodRef, Store, StoreError};
 
 impl<S: Store, P: Policy> Engine<S, P> {
     /// The next `n` addresses pool `pool` would hand out, in the order it would hand them out,

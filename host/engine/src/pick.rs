@@ -1,16 +1,16 @@
 //! Choosing the address of each family: the next free one of the first pool of the order with
-//! room, or the one the policy names ([`super::given`]).
+//! room, or the one the policy names ([`crate::given`]).
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use crate::policy::{
+use allot_core::policy::{
     AddressHint, FamilyDecision, Inventory, Policy, PolicyErrorKind, PoolRef, Request,
     describe_drop,
 };
-use crate::store::Store;
+use allot_core::store::Store;
 
-use super::{AllocError, Engine, given, lock};
+use crate::{AllocError, Engine, given, lock};
 
 impl<S: Store, P: Policy> Engine<S, P> {
     /// The error for a given `address` that someone else holds: try again later, naming the
@@ -36,7 +36,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
     /// could have returned, so the plugin reports it as one (invalid pod, or try again later
     /// while someone else holds the address). Before any of that, the address this pod's NIC
     /// released last on `network`, if it is free (cooling or not) in a pool of the order: a
-    /// retried sandbox keeps its address ([`super::returning`]).
+    /// retried sandbox keeps its address ([`crate::returning`]).
     pub(super) fn pick(
         &self,
         inventory: &Inventory,
