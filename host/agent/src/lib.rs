@@ -14,7 +14,7 @@
 //! ```
 //!
 //! [`node::Node`] is the seam: everything the plugin can ask is a method of it taking the wire
-//! contract's request, so the request path is tested in process (`tests/node.rs`) as well as
+//! contract's request, so the request path is tested in process (`tests/suite/node.rs`) as well as
 //! end to end through network namespaces (`tests/e2e`).
 
 pub mod ahead;

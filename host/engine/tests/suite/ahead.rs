@@ -2,9 +2,8 @@
 //! hand out next, and a free address found in use is quarantined without ever being free in
 //! between, or not at all once an ADD has it.
 
-
-use allot_core::store::Store;
 use crate::common::*;
+use allot_core::store::Store;
 
 #[test]
 fn upcoming_addresses_are_the_ones_adds_hand_out_next() {

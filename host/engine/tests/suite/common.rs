@@ -216,12 +216,16 @@ pub fn clocked_on(
     config: EngineConfig,
 ) -> Engine<Arc<MemoryStore>, CniDefaultsPolicy> {
     let read = now.clone();
-    let clock: allot_core::store::Clock = Arc::new(move || read.load(std::sync::atomic::Ordering::SeqCst));
+    let clock: allot_core::store::Clock =
+        Arc::new(move || read.load(std::sync::atomic::Ordering::SeqCst));
     Engine::with_config(store, CniDefaultsPolicy, config, clock)
 }
 
 /// An engine on a fresh store, both on a clock the test moves from `start`.
-pub fn clocked(config: EngineConfig, start: u64) -> (Engine<Arc<MemoryStore>, CniDefaultsPolicy>, Now) {
+pub fn clocked(
+    config: EngineConfig,
+    start: u64,
+) -> (Engine<Arc<MemoryStore>, CniDefaultsPolicy>, Now) {
     let (clock, now) = manual_clock(start);
     let store = Arc::new(MemoryStore::with_clock(clock));
     (clocked_on(store, &now, config), now)

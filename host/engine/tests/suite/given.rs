@@ -2,12 +2,11 @@
 //! address its firewall rules and DNS know; anything the host cannot honour fails the NIC with
 //! the address and the reason, and never hands out another address instead.
 
-
+use crate::common::*;
 use allot_core::spec::{IpPoolSpec, ObjectMeta, ReservedIpSpec};
 use allot_core::store::{MemoryStore, Store};
 use allot_core::{PolicyErrorKind, Pool, Reserved};
 use allot_engine::{AllocError, EngineConfig};
-use crate::common::*;
 
 fn given(container: &str, v4: &[&str], address: &str) -> allot_engine::AddRequest {
     let mut r = add_req(container, "eth0", v4, &[]);

@@ -1,0 +1,7 @@
+//! Core's integration tests: its pure tables fed plain data. One test binary for the crate (one link, not one per file).
+
+mod autopool_carve;
+mod autopool_plan;
+mod config;
+mod edit;
+mod gc_table;
