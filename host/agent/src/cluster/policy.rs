@@ -7,12 +7,12 @@
 use std::sync::Arc;
 
 use allot_core::policy::{Inventory, Nic, PodInfo, Policy as _, Request};
+use allot_k8s::openapi::api::core::v1::{ConfigMap, ObjectReference};
 use allot_k8s::{PolicyLocation, PolicySpec};
 use allot_policy::{
     Limits, LoadedPolicy, OnFailure, PolicyEngine, PolicyRegistry, PolicySource, PrecompiledCache,
 };
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};

@@ -17,9 +17,9 @@ use std::process::ExitCode;
 
 use allot_core::gc::PodPhase;
 use allot_core::store::{Claim, Store, VIRTUAL_MACHINE_KIND};
+use allot_k8s::openapi::api::core::v1::Pod;
 use allot_store::StoreArgs;
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
 use crate::cluster::connect;

@@ -2,15 +2,14 @@
 //! Multus's network status), Endpoints, pools with their status, and decides leaks by GC's
 //! table; its counts are the metrics'.
 
-
+use crate::common::*;
 use allot_controller::audit::check;
 use allot_controller::metrics::Metrics;
 use allot_core::audit::Finding;
 use allot_core::gc::GcConfig;
 use allot_index::{ClusterIndex, EndpointObject, IndexResource, PoolObject};
-use crate::common::*;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
+use allot_k8s::openapi::api::apps::v1::StatefulSet;
+use allot_k8s::openapi::api::core::v1::Pod;
 use serde_json::json;
 
 fn index(pods: Vec<Pod>, status: (u64, u64)) -> ClusterIndex {

@@ -17,12 +17,12 @@ use allot_core::policy::{
 };
 use allot_core::store::Store;
 use allot_core::{AddrSet, IpFamily, Pool, Subnet};
+use allot_k8s::openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use allot_k8s::{IPPool, Subnet as SubnetObject};
 use allot_lab::LoopbackControlPlane;
 use allot_policy::{Limits, PolicyEngine, PolicySource};
 use allot_store::contract::{attachment, claim, pod};
 use allot_store::{KubeConfig, KubeStore};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Value, json};
 
@@ -541,8 +541,8 @@ fn the_example_workloads_get_the_pools_their_comments_describe() {
         IndexResource, PoolObject, ReservedObject, ScalableKind, ScaleRead, SubnetObject,
         WorkloadIndex,
     };
-    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
-    use k8s_openapi::api::batch::v1::{CronJob, Job};
+    use allot_k8s::openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+    use allot_k8s::openapi::api::batch::v1::{CronJob, Job};
     use kube::api::DynamicObject;
     use serde::Deserialize;
 

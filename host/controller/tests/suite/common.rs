@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use allot_core::store::{Attachment, Claim, Clock, PodRef};
 use allot_index::{ClusterIndex, IndexResource, PoolObject, ReservedObject, Shared, SubnetObject};
+use allot_k8s::openapi::api::apps::v1::StatefulSet;
+use allot_k8s::openapi::api::core::v1::{Node, Pod};
 use allot_test_apiserver::ApiServer;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
@@ -44,7 +44,7 @@ impl TestClock {
 }
 
 pub fn rfc3339(unix: u64) -> String {
-    k8s_openapi::jiff::Timestamp::from_second(unix as i64)
+    allot_k8s::openapi::jiff::Timestamp::from_second(unix as i64)
         .unwrap()
         .to_string()
 }

@@ -3,16 +3,15 @@
 //! since): nothing is reserved in a pool the StatefulSet's pods may not use, and the
 //! StatefulSet gets a Warning Event saying what was left out and why.
 
-
+use crate::common::{dynamic, typed};
 use allot_controller::autopool::{DeclaredSnapshot, Keeper};
 use allot_controller::events::Events;
 use allot_controller::lease::Leadership;
 use allot_index::{IndexResource, PoolObject, ReservedObject, SubnetObject, WorkloadIndex};
+use allot_k8s::openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use allot_k8s::openapi::api::batch::v1::{CronJob, Job};
+use allot_k8s::openapi::api::core::v1::Namespace;
 use allot_test_apiserver::ApiServer;
-use crate::common::{dynamic, typed};
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 use serde_json::{Value, json};
 

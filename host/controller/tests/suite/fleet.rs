@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use allot_controller::fleet::{FleetArgs, FleetController};
 use allot_controller::lease::Leadership;
+use allot_k8s::openapi::ByteString;
 use allot_k8s::{AllocationState, IPAMAllocation, IPAMPool};
 use allot_test_apiserver::ApiServer;
-use k8s_openapi::ByteString;
 use serde_json::{Value, json};
 
 fn pool_object() -> Value {

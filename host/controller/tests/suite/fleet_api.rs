@@ -11,10 +11,10 @@ use allot_controller::fleet::{
     CONFIG_MAP, FleetApiError, FleetCluster, Refusal, allocate, check_pool_edit, release, sync,
 };
 use allot_core::fleet::{Allocation, FleetError};
+use allot_k8s::openapi::api::core::v1::ConfigMap;
 use allot_k8s::{AllocationState, IPAMAllocation, IPAMPool};
 use allot_lab::LoopbackControlPlane;
 use allot_test_apiserver::ApiServer;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::{Value, json};

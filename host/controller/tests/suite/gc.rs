@@ -4,20 +4,19 @@
 //! Events it records, live in the API server. A leader losing its lease in the middle of a
 //! scan runs on the in-memory API server (`tests/apiserver`), which slows reads on demand.
 
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use allot_controller::gc::{ApiReader, Collector, GcSettings, RELEASE_BATCH};
 use allot_controller::lease::{Leadership, LeaseConfig, elect};
 use allot_controller::metrics::Metrics;
 use allot_core::gc::LeakReason;
 use allot_core::store::{MemoryStore, Store};
 use allot_index::{ClusterIndex, IndexResource, Shared};
+use allot_k8s::openapi::api::core::v1::Pod;
 use allot_lab::LoopbackControlPlane;
 use allot_test_apiserver::ApiServer;
-use crate::common::*;
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 /// The user the collector's requests are made as.

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use allot_controller::args::ControllerArgs;
 use allot_controller::uninstall::{remove_webhook_configurations, wait_for_no_leader};
+use allot_k8s::openapi::api::coordination::v1::Lease;
 use allot_lab::LoopbackControlPlane;
 use clap::Parser;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::{Value, json};
 
@@ -168,11 +168,13 @@ async fn a_leader_that_keeps_renewing_is_named_and_nothing_is_deleted() {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 let mut renewed = leases.get("allot-controller").await.unwrap();
                 let spec = renewed.spec.get_or_insert_default();
-                spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-                    format!("2026-01-01T00:00:{:02}.000000Z", i % 60)
-                        .parse()
-                        .unwrap(),
-                ));
+                spec.renew_time = Some(
+                    allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                        format!("2026-01-01T00:00:{:02}.000000Z", i % 60)
+                            .parse()
+                            .unwrap(),
+                    ),
+                );
                 let _ = leases
                     .replace("allot-controller", &Default::default(), &renewed)
                     .await;

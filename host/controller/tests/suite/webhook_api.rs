@@ -9,9 +9,9 @@ use std::time::Duration;
 use allot_controller::webhook::certs::{CertPolicy, Material, fresh, service_names};
 use allot_controller::webhook::configs::{self, Outcome, Target};
 use allot_controller::webhook::secret::{self, unix_now};
+use allot_k8s::openapi::api::core::v1::Secret;
 use allot_test_apiserver::verifier::{self, ApiServerVerifier, answer};
 use http::{Request, Response};
-use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::client::Body;
 use serde_json::{Value, json};
@@ -243,7 +243,7 @@ fn mutating(bundle: &[u8]) -> Value {
 }
 
 fn base64(bytes: &[u8]) -> Value {
-    serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec())).unwrap()
+    serde_json::to_value(allot_k8s::openapi::ByteString(bytes.to_vec())).unwrap()
 }
 
 #[tokio::test]

@@ -161,10 +161,13 @@ fn a_broken_ca_starts_over() {
     let mut data: BTreeMap<_, _> = m.to_data();
     data.insert(
         NEXT_CA_CERT.into(),
-        k8s_openapi::ByteString(m.ca_cert.clone().into_bytes()),
+        allot_k8s::openapi::ByteString(m.ca_cert.clone().into_bytes()),
     );
     assert_eq!(Material::from_data(&data), Err(MaterialError::HalfANextCa));
-    data.insert(CA_CERT.into(), k8s_openapi::ByteString(vec![0xff, 0xfe]));
+    data.insert(
+        CA_CERT.into(),
+        allot_k8s::openapi::ByteString(vec![0xff, 0xfe]),
+    );
     data.remove(NEXT_CA_CERT);
     assert_eq!(
         Material::from_data(&data),

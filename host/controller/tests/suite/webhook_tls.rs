@@ -12,13 +12,13 @@ use allot_controller::lease::Leadership;
 use allot_controller::webhook::certs::{CertPolicy, Material, service_names};
 use allot_controller::webhook::{Settings, Webhook};
 use allot_core::store::MemoryStore;
+use allot_k8s::openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use allot_k8s::openapi::api::core::v1::Secret;
 use allot_test_apiserver::ApiServer;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
-use k8s_openapi::api::core::v1::Secret;
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};

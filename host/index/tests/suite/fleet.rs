@@ -5,7 +5,7 @@ use allot_index::{
     CapiClusterObject, FleetIndex, FleetKind, IndexResource, IpamAllocationObject, IpamPoolObject,
     Shared, feed,
 };
-use k8s_openapi::api::core::v1::ConfigMap;
+use allot_k8s::openapi::api::core::v1::ConfigMap;
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
 use serde_json::{Value, json};

@@ -7,9 +7,9 @@ use allot_index::{
     Index, IndexResource, Kind, Lookup, Need, PodRequest, PoolObject, ReservedObject, SharedIndex,
     SubnetObject, feed,
 };
-use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use allot_k8s::openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use allot_k8s::openapi::api::batch::v1::Job;
+use allot_k8s::openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
@@ -354,7 +354,7 @@ fn statefulset_replicas_are_unknown_until_listed_and_zero_once_deleted() {
     assert_eq!(i.statefulset_replicas("web", "other"), Some(0));
     let mut terminating = statefulset("web", "db", Some(3));
     terminating.metadata.deletion_timestamp = Some(
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
     );
     i.apply(terminating);
     assert_eq!(i.statefulset_replicas("web", "db"), Some(0));

@@ -7,9 +7,9 @@ use allot_index::{
     IndexResource, PoolObject, ReservedObject, ScalableKind, ScaleRead, Shared, SubnetObject,
     WorkloadIndex, WorkloadKind, feed,
 };
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::Namespace;
+use allot_k8s::openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use allot_k8s::openapi::api::batch::v1::{CronJob, Job};
+use allot_k8s::openapi::api::core::v1::Namespace;
 use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
@@ -216,9 +216,10 @@ fn deletion_is_seen_and_a_late_deletion_of_an_older_object_is_ignored() {
         i.workload(WorkloadKind::StatefulSet, "team-a", "db")
             .is_some()
     );
-    sts.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        "2026-01-01T00:00:00Z".parse().unwrap(),
-    ));
+    sts.metadata.deletion_timestamp =
+        Some(allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+        ));
     i.apply(sts.clone());
     assert!(
         i.workload(WorkloadKind::StatefulSet, "team-a", "db")
@@ -376,9 +377,10 @@ fn pools_subnets_and_reservations_are_checked_one_by_one() {
         json!({}),
         json!({"ips": ["10.10.0.1"]}),
     );
-    going.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        "2026-01-01T00:00:00Z".parse().unwrap(),
-    ));
+    going.metadata.deletion_timestamp =
+        Some(allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+        ));
     i.apply(ReservedObject(going));
     assert!(
         i.reserved(IpFamily::V4).is_empty(),

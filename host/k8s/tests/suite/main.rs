@@ -2,5 +2,6 @@
 //! binary for the crate (one link, not one per file).
 
 mod crds;
+mod facade;
 mod fleet;
 mod objects;

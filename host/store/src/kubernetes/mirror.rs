@@ -46,7 +46,7 @@ pub(super) struct Kept {
     labels: BTreeMap<String, String>,
     annotations: BTreeMap<String, String>,
     finalizers: Vec<String>,
-    owner_references: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    owner_references: Vec<allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
 }
 
 // Every field compares structurally (`OwnerReference` only lacks the derive).
