@@ -36,6 +36,7 @@ mod claims;
 pub mod config;
 mod feed;
 pub mod keys;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 use std::net::IpAddr;

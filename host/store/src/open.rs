@@ -1,45 +1,38 @@
-//! Choosing a store from the command line: `--store` and the etcd options, shared by the agent
-//! and `allotctl`.
+//! Opening the store the command line names: `--store` and the etcd options of the agent and
+//! `allotctl`, which each parse them (clap stays in the binaries) into [`StoreOptions`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use allot_core::store::{Store, StoreError};
 
-use crate::etcd::{DEFAULT_PREFIX, EtcdConfig, EtcdStore};
+use crate::etcd::{EtcdConfig, EtcdStore};
 use crate::kubernetes::{KubeConfig, KubeStore};
 use crate::sqlite::SqliteStore;
 
-/// Where claims are kept.
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct StoreArgs {
-    /// The claim store: `etcd://HOST:PORT[,HOST:PORT…]` to share claims between nodes,
-    /// `kubernetes` for the IPBlocks of a cluster (the agent's `--kubernetes` mode), or the path
-    /// of the embedded SQLite file (the default; one node only).
-    #[arg(long, value_name = "URL|FILE")]
+/// Where claims are kept, as the `--store` and etcd flags of the agent and `allotctl` say it.
+/// Plain data: each binary parses its own flags (clap stays in the binaries) and hands them
+/// over as these options.
+#[derive(Clone, Debug, Default)]
+pub struct StoreOptions {
+    /// `--store`: `etcd://HOST:PORT[,HOST:PORT…]`, `kubernetes`, or the SQLite file's path.
     pub store: Option<String>,
-    /// Key prefix in etcd: several installations can share one etcd.
-    #[arg(long, value_name = "PREFIX", default_value = DEFAULT_PREFIX)]
+    /// `--etcd-prefix`: key prefix in etcd.
     pub etcd_prefix: String,
-    /// The CA certificate (PEM) that signed etcd's server certificate: talk TLS to etcd.
-    #[arg(long, value_name = "FILE")]
+    /// `--etcd-ca`: the CA certificate (PEM) that signed etcd's server certificate.
     pub etcd_ca: Option<PathBuf>,
-    /// This client's certificate (PEM), for an etcd that requires client certificates.
-    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    /// `--etcd-cert`: this client's certificate (PEM).
     pub etcd_cert: Option<PathBuf>,
-    /// The key (PEM) of --etcd-cert.
-    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    /// `--etcd-key`: the key (PEM) of `etcd_cert`.
     pub etcd_key: Option<PathBuf>,
-    /// The kubeconfig of `--store kubernetes` (and of the agent's `--kubernetes`); default:
-    /// $KUBECONFIG, ~/.kube/config, or the in-cluster ServiceAccount.
-    #[arg(long, value_name = "FILE")]
+    /// `--kubeconfig`: the kubeconfig of `--store kubernetes`.
     pub kubeconfig: Option<PathBuf>,
 }
 
 /// `--store kubernetes`.
 pub const KUBERNETES: &str = "kubernetes";
 
-/// A store opened from [`StoreArgs`], keeping its concrete kind for what only one kind does.
+/// A store opened from [`StoreOptions`], keeping its concrete kind for what only one kind does.
 #[derive(Clone)]
 pub enum OpenedStore {
     Sqlite(Arc<SqliteStore>),
@@ -66,7 +59,7 @@ impl OpenedStore {
     }
 }
 
-impl StoreArgs {
+impl StoreOptions {
     /// The etcd configuration, when `--store` names etcd.
     pub fn etcd(&self) -> Result<Option<EtcdConfig>, String> {
         let Some(url) = self.store.as_deref().filter(|s| s.starts_with("etcd://")) else {
@@ -127,12 +120,13 @@ impl StoreArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcd::DEFAULT_PREFIX;
 
-    fn args(store: Option<&str>) -> StoreArgs {
-        StoreArgs {
+    fn args(store: Option<&str>) -> StoreOptions {
+        StoreOptions {
             store: store.map(str::to_string),
             etcd_prefix: DEFAULT_PREFIX.into(),
-            ..StoreArgs::default()
+            ..StoreOptions::default()
         }
     }
 

@@ -15,10 +15,10 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::net::IpAddr;
 use std::process::ExitCode;
 
+use crate::store_args::StoreArgs;
 use allot_core::gc::PodPhase;
 use allot_core::store::{Claim, Store, VIRTUAL_MACHINE_KIND};
 use allot_k8s::openapi::api::core::v1::Pod;
-use allot_store::StoreArgs;
 use anyhow::{Context as _, bail};
 use kube::api::{Api, ListParams};
 
