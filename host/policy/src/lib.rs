@@ -9,7 +9,6 @@
 
 mod cache;
 mod contract;
-mod convert;
 mod record;
 mod registry;
 mod runtime;

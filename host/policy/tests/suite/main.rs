@@ -9,3 +9,4 @@ mod given_addresses;
 mod host;
 mod hostile;
 mod idle;
+mod layers;

@@ -1,7 +1,7 @@
 //! Conversions between allot-core's policy types and the WIT bindings of each contract version
-//! (`crate::contract`). The versions share most types (0.2.0 changed the NIC decision, 0.3.0
-//! the request and the family decision), so one macro writes the shared conversions into a
-//! module per version.
+//! (the parent module's, which alone uses them). The versions share most types (0.2.0 changed
+//! the NIC decision, 0.3.0 the request and the family decision), so one macro writes the shared
+//! conversions into a module per version.
 
 use allot_core::IpFamily;
 use allot_core::policy::{self as core, Labels};
