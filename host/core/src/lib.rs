@@ -16,6 +16,8 @@
 //! use), so it is unit-tested in microseconds and shared by every adapter and binary. What holds
 //! state lives in crates above it, as linkerd's policy-controller keeps its indexes and runtime
 //! above its `core`: the allocation engine in `allot-engine`, the stores in `allot-store`.
+//! A test (`tests/suite/layers.rs`) fails if core comes to depend on an allot crate or on one
+//! that does I/O, or if its source reaches a file, socket, process or thread.
 
 pub mod addr;
 pub mod audit;
