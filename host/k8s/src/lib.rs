@@ -45,7 +45,8 @@ pub use fleet::{
     IPAMPoolDatacenter, IPAMPoolSpec, IPAMPoolStatus,
 };
 pub use policy::{
-    ConfigMapKey, OnFailure, Policy, PolicyLocation, PolicySource, PolicySpec, PolicyStatus,
+    ConfigMapKey, LocationError, OnFailure, Policy, PolicyLocation, PolicySource, PolicySpec,
+    PolicyStatus,
 };
 pub use pools::{
     AddressCounts, IPPool, IpPoolSpec, ReservedIP, ReservedIpSpec, Subnet, SubnetSpec,

@@ -22,5 +22,5 @@ pub mod sqlite;
 pub use blocking::{AsyncStore, BlockingStore};
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use kubernetes::{KubeConfig, KubeStats, KubeStore, client as kube_client};
-pub use open::{KUBERNETES, OpenedStore, StoreOptions};
+pub use open::{EtcdOptionsError, KUBERNETES, OpenedStore, StoreOptions};
 pub use sqlite::SqliteStore;

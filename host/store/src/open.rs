@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use allot_core::store::{Store, StoreError};
 
-use crate::etcd::{EtcdConfig, EtcdStore};
+use crate::etcd::{EtcdConfig, EtcdStore, UrlError};
 use crate::kubernetes::{KubeConfig, KubeStore};
 use crate::sqlite::SqliteStore;
 
@@ -59,34 +59,69 @@ impl OpenedStore {
     }
 }
 
+/// Why the etcd flags name no etcd store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EtcdOptionsError {
+    /// TLS flags without `--store etcd://…`.
+    TlsWithoutEtcd,
+    /// `--etcd-prefix` is not an absolute prefix other than `/`.
+    Prefix(String),
+    /// `--store etcd://…` names no etcd cluster.
+    Url(UrlError),
+}
+
+impl std::fmt::Display for EtcdOptionsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EtcdOptionsError::TlsWithoutEtcd => {
+                f.write_str("--etcd-ca, --etcd-cert and --etcd-key need --store etcd://…")
+            }
+            EtcdOptionsError::Prefix(prefix) => write!(
+                f,
+                "--etcd-prefix {prefix:?}: write an absolute key prefix other than \"/\", like /allot"
+            ),
+            EtcdOptionsError::Url(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for EtcdOptionsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            EtcdOptionsError::Url(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 impl StoreOptions {
     /// The etcd configuration, when `--store` names etcd.
-    pub fn etcd(&self) -> Result<Option<EtcdConfig>, String> {
+    pub fn etcd(&self) -> Result<Option<EtcdConfig>, EtcdOptionsError> {
         let Some(url) = self.store.as_deref().filter(|s| s.starts_with("etcd://")) else {
             if self.etcd_ca.is_some() || self.etcd_cert.is_some() {
-                return Err("--etcd-ca, --etcd-cert and --etcd-key need --store etcd://…".into());
+                return Err(EtcdOptionsError::TlsWithoutEtcd);
             }
             return Ok(None);
         };
         if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.trim_end_matches('/').is_empty() {
-            return Err(format!(
-                "--etcd-prefix {:?}: write an absolute key prefix other than \"/\", like /allot",
-                self.etcd_prefix
-            ));
+            return Err(EtcdOptionsError::Prefix(self.etcd_prefix.clone()));
         }
         Ok(Some(EtcdConfig {
             prefix: self.etcd_prefix.clone(),
             ca: self.etcd_ca.clone(),
             cert: self.etcd_cert.clone(),
             key: self.etcd_key.clone(),
-            ..EtcdConfig::from_url(url)?
+            ..EtcdConfig::from_url(url).map_err(EtcdOptionsError::Url)?
         }))
     }
 
     /// Opens the store: etcd when `--store etcd://…`, else the SQLite file `--store FILE`, else
     /// `default_file`.
     pub fn open(&self, default_file: &std::path::Path) -> Result<OpenedStore, StoreError> {
-        if let Some(config) = self.etcd().map_err(StoreError::Backend)? {
+        if let Some(config) = self
+            .etcd()
+            .map_err(|e| StoreError::Backend(e.to_string()))?
+        {
             return Ok(OpenedStore::Etcd(Arc::new(EtcdStore::connect(&config)?)));
         }
         if self.store.as_deref() == Some(KUBERNETES) {
@@ -138,11 +173,20 @@ mod tests {
         assert_eq!(args(Some("/tmp/x.db")).etcd(), Ok(None));
         let mut tls = args(None);
         tls.etcd_ca = Some("/ca.pem".into());
-        assert!(tls.etcd().unwrap_err().contains("need --store etcd://"));
+        assert_eq!(tls.etcd(), Err(EtcdOptionsError::TlsWithoutEtcd));
+        assert!(
+            tls.etcd()
+                .unwrap_err()
+                .to_string()
+                .contains("need --store etcd://")
+        );
         for bad in ["allot", "/", ""] {
             let mut a = args(Some("etcd://127.0.0.1:2379"));
             a.etcd_prefix = bad.into();
-            assert!(a.etcd().unwrap_err().contains("--etcd-prefix"), "{bad}");
+            assert!(
+                a.etcd().unwrap_err().to_string().contains("--etcd-prefix"),
+                "{bad}"
+            );
         }
     }
 

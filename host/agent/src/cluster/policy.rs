@@ -123,7 +123,10 @@ impl PolicyFollower {
     /// Fetches, verifies, compiles, smoke-tests and installs the component `spec` names.
     async fn load(&self, spec: &PolicySpec) -> Result<String, Refusal> {
         let refuse = |digest: Option<String>, reason: String| Refusal { digest, reason };
-        let location = spec.source.location().map_err(|e| refuse(None, e))?;
+        let location = spec
+            .source
+            .location()
+            .map_err(|e| refuse(None, e.to_string()))?;
         let (name, bytes) = match location {
             PolicyLocation::File(path) => {
                 let path = path.to_string();

@@ -7,8 +7,8 @@ use allot_core::config::{Object, Observation};
 use allot_core::fleet::FleetPool;
 use allot_core::{Pool, Reserved, Subnet};
 use allot_k8s::{
-    Endpoint, IPAMAllocation, IPAMPool, IPBlock, IPPool, Policy, PolicyLocation, ReservedIP,
-    Subnet as SubnetObject,
+    Endpoint, IPAMAllocation, IPAMPool, IPBlock, IPPool, LocationError, Policy, PolicyLocation,
+    ReservedIP, Subnet as SubnetObject,
 };
 use serde::Deserialize;
 
@@ -61,7 +61,13 @@ fn every_sample_reads_as_its_kind_and_every_kind_has_a_sample() {
                 .map_err(|e| e.to_string()),
             "Policy" => serde_yaml::from_value::<Policy>(doc.clone())
                 .map_err(|e| e.to_string())
-                .and_then(|p| p.spec.source.location().map(drop)),
+                .and_then(|p| {
+                    p.spec
+                        .source
+                        .location()
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                }),
             "IPAMPool" => serde_yaml::from_value::<IPAMPool>(doc.clone())
                 .map_err(|e| e.to_string())
                 .and_then(|p| {
@@ -197,11 +203,19 @@ fn a_policy_source_has_exactly_one_location() {
         source("file: /var/lib/allot/policy.wasm").location(),
         Ok(PolicyLocation::File("/var/lib/allot/policy.wasm"))
     );
-    assert!(source("{}").location().unwrap_err().contains("exactly one"));
+    assert_eq!(source("{}").location(), Err(LocationError { count: 0 }));
+    assert!(
+        source("{}")
+            .location()
+            .unwrap_err()
+            .to_string()
+            .contains("exactly one")
+    );
     assert!(
         source("file: /p.wasm\noci: oci://r/p:1")
             .location()
             .unwrap_err()
+            .to_string()
             .contains("has 2")
     );
 }
