@@ -1,6 +1,19 @@
 //! Wiring: the store, the policy registry and the engine a node is made of, from the flags;
 //! then its background work (watches, the Policy follower, reloads, the journal's replay,
 //! quarantine expiry) and the servers, until SIGINT or SIGTERM.
+//!
+//! # Two runtimes, two API clients, on purpose
+//!
+//! The agent's runtime (two workers) serves the socket and runs the watches, the Policy follower
+//! and the Endpoint writes, with the API client made here. An etcd or Kubernetes claim store
+//! runs on a runtime of its own (one worker, [`allot_store::BlockingStore`]) with a client of
+//! its own, made on that runtime by `KubeStore::connect`, because the engine calls the store
+//! synchronously, from blocking threads and under an attachment's lock: were the store's calls
+//! tasks of the agent's runtime, every ADD waiting on the store would hold a blocking thread
+//! while the workers it waits for serve watches and requests, and a kube client's connection
+//! task lives on the runtime that made it. Apart, a burst of watch events cannot delay a claim,
+//! and the store's call budget times only the store. The cost is one thread and one connection
+//! to the API server.
 
 use std::sync::Arc;
 use std::time::Duration;

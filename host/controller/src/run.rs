@@ -1,5 +1,10 @@
 //! Wiring: the client, the claim store, the index's watches, the election, and the loops that
 //! act as leader.
+//!
+//! The claim store (the cluster's IPBlocks) runs on a one-worker runtime of its own with an API
+//! client of its own ([`allot_store::BlockingStore`]), as in the agent (whose `run` module says
+//! why): GC, the audit, the pool lifecycle and the webhook call it synchronously from blocking
+//! threads, and it must not wait on the workers that serve the webhook and the watches.
 
 use std::sync::Arc;
 use std::time::Duration;
