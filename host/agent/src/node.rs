@@ -10,6 +10,7 @@
 
 mod add;
 mod release;
+mod reload;
 
 use std::sync::Arc;
 

@@ -206,7 +206,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         let first = node.clone();
         let first_source = source.clone();
-        tokio::task::spawn_blocking(move || inventory::reload(&first, &first_source))
+        tokio::task::spawn_blocking(move || first.reload(&first_source))
             .await
             .context("loading the pools")?;
         // DELs remembered while this agent was away are served before any ADD is taken; an
@@ -219,7 +219,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             follow_watch(node.clone(), etcd);
         }
         let expiry = spawn_expiry(node.clone());
-        let ticker = tokio::spawn(inventory::run(
+        let ticker = tokio::spawn(periodic(
             node.clone(),
             source,
             Duration::from_millis(args.reload_interval_ms.max(100)),
@@ -294,6 +294,52 @@ fn hostname() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+/// The agent's periodic work, one blocking call per tick: reload when the files changed or the
+/// configuration is degraded, follow the store's change feed, replay the DEL journal, release
+/// kept StatefulSet addresses past their keep time.
+async fn periodic(node: Arc<Node>, source: inventory::Source, every: Duration) {
+    let mut last = source.fingerprint();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let expire_every = Duration::from_secs(60);
+    let mut last_expiry = tokio::time::Instant::now();
+    loop {
+        tick.tick().await;
+        let node = node.clone();
+        let source = source.clone();
+        let expire = last_expiry.elapsed() >= expire_every;
+        if expire {
+            last_expiry = tokio::time::Instant::now();
+        }
+        let fingerprint = last;
+        let work = tokio::task::spawn_blocking(move || {
+            let now = source.fingerprint();
+            let degraded = crate::config::lock(node.config()).degraded();
+            if now != fingerprint || degraded {
+                if now != fingerprint {
+                    tracing::info!(source = %source.describe(), "pools changed; reloading");
+                }
+                node.reload(&source);
+            }
+            if let Err(e) = node.engine().tick() {
+                tracing::warn!("following the store's changes: {e}");
+            }
+            node.replay_journal();
+            if expire {
+                // Resyncs read every claim again; give their transient copies back.
+                crate::memory::release_free_pages();
+                node.expire_kept();
+            }
+            now
+        })
+        .await;
+        match work {
+            Ok(now) => last = now,
+            Err(e) => tracing::error!("periodic work failed: {e}"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -395,6 +395,15 @@ pub trait Policy: Send + Sync {
     fn name(&self) -> String {
         "policy".to_string()
     }
+
+    /// Whether every decision [`Policy::decide`] returns was already checked with
+    /// [`Decision::validate`] against the same inventory and request. The wasmtime host checks
+    /// a component's answer itself (so that a bogus one can fall back to the default policy);
+    /// the allocation engine checks the decisions of every other policy. Either way a decision
+    /// is checked once on the ADD path.
+    fn validates(&self) -> bool {
+        false
+    }
 }
 
 impl<P: Policy + ?Sized> Policy for Arc<P> {
@@ -408,6 +417,10 @@ impl<P: Policy + ?Sized> Policy for Arc<P> {
 
     fn name(&self) -> String {
         (**self).name()
+    }
+
+    fn validates(&self) -> bool {
+        (**self).validates()
     }
 }
 

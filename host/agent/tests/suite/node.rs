@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use allot_agent::engine::{AgentEngine, STANDALONE_CLUSTER};
-use allot_agent::inventory::{self, Source};
+use allot_agent::inventory::Source;
 use allot_agent::journal::Journal;
 use allot_agent::node::{Node, NodeError};
 use allot_api::{self as api, codes};
@@ -83,7 +83,8 @@ impl Fixture {
     }
 
     fn reload(&self) {
-        inventory::reload(&self.node, &Source::Dir(self.pools.path().to_path_buf()));
+        self.node
+            .reload(&Source::Dir(self.pools.path().to_path_buf()));
     }
 
     fn journal(&self) -> &Path {
