@@ -9,10 +9,7 @@ use std::process::{Command, Stdio};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use allot_api::{
-    AddRequest, AttachmentId, GcRequest, IpConfig, IpamResult, ParentKind, ParentLink, PodIdentity,
-    Preprobed, ProbeSettings, RouteConfig,
-};
+use allot_api::{IpConfig, IpamResult, RouteConfig};
 use serde_json::{Value, json};
 
 pub const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];

@@ -1,16 +1,12 @@
 //! The `allot` binary as a runtime meets it: environment + stdin in, stdout + exit status out,
 //! against a fake agent ([`crate::harness`]), for each verb and each kind of bad input.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::thread::{self, JoinHandle};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use allot_api::{
-    AddRequest, AttachmentId, GcRequest, IpConfig, IpamResult, ParentKind, ParentLink, PodIdentity,
-    Preprobed, ProbeSettings, RouteConfig,
+    AddRequest, AttachmentId, GcRequest, ParentKind, ParentLink, PodIdentity, Preprobed,
+    ProbeSettings,
 };
 use serde_json::{Value, json};
 
