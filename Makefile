@@ -91,7 +91,7 @@ cluster-test: build policies
 bench: build policies
 	$(CARGO) bench --locked -p allot-policy --bench decision
 	$(ALLOTCTL) policy bench --pools 1000 --iterations 20000
-	$(CARGO) bench --locked -p allot-core --bench address_choice
+	$(CARGO) bench --locked -p allot-engine --bench address_choice
 	$(CARGO) bench --locked -p allot-core --bench autopool
 	$(CARGO) bench --locked -p allot-store --bench node_scale
 	$(CARGO) bench --locked -p allot-e2e --bench cni_cycle

@@ -18,7 +18,7 @@
 //!
 //! Per link, one worker thread probes one address at a time (never two probes in parallel on
 //! one link: Spiderpool's issue 4475): the next `--probe-ahead-candidates` addresses of each
-//! registered pool, as [`allot_core::engine::Engine::upcoming`] lists them (the same
+//! registered pool, as [`allot_engine::Engine::upcoming`] lists them (the same
 //! round-robin from the pool's cursor, skipping claimed, in-flight and cooling addresses, that
 //! the next ADDs will follow), with the conflict probe, and the pool's gateway with the gateway
 //! probe, each with the largest tries and timeout a registered network asks for. A verdict
@@ -60,7 +60,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use allot_api::{AddRequest, ParentKind, Preprobed, ProbeSettings};
-use allot_core::engine::AddOutcome;
+use allot_engine::AddOutcome;
 use allot_probe::{GatewayOutcome, MacAddr, MacvlanPort, ProbeConfig, ProbeError, ProbeOutcome};
 
 use crate::engine::AgentEngine;

@@ -17,9 +17,9 @@ use std::time::Duration;
 use allot_index::{
     Index, IndexResource, Lookup, Need, PodRequest, SharedIndex, feed, pool_document_feeds,
 };
-use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use allot_k8s::openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use allot_k8s::openapi::api::batch::v1::Job;
+use allot_k8s::openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};

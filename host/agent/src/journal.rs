@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use allot_api::journal;
-use allot_core::engine::DelRequest;
 use allot_core::store::Attachment;
+use allot_engine::DelRequest;
 
 use crate::wire::{attachment, attachment_id as id};
 

@@ -4,17 +4,18 @@
 //! The crate draws as layers, each module using only those below it:
 //!
 //! ```text
-//! run                         wiring from the flags: store, policies, engine, node, tasks, servers
-//! server   inventory   args   HTTP over the node; where pools come from and their reloads; flags
-//! node (add, release)         one type owning the node's state and verbs (add, del, check, gc,
-//!                             quarantine, status, journal replay, expiries)
+//! run                         wiring from the flags: store, policies, engine, node, tasks (the
+//!                             periodic reload, feed and journal work), servers
+//! server   args               HTTP over the node; flags
+//! node (add, release, reload) one type owning the node's state and verbs (add, del, check, gc,
+//!                             quarantine, reload, status, journal replay, expiries)
 //! ahead   metrics   cluster   probing ahead; Prometheus metrics; cluster mode's indexes, Endpoints
 //!                             and Policy follower
-//! engine  config  journal  wire  standalone  recorded  memory  identity
+//! engine  config  journal  wire  inventory  standalone  recorded  memory  identity
 //! ```
 //!
 //! [`node::Node`] is the seam: everything the plugin can ask is a method of it taking the wire
-//! contract's request, so the request path is tested in process (`tests/node.rs`) as well as
+//! contract's request, so the request path is tested in process (`tests/suite/node.rs`) as well as
 //! end to end through network namespaces (`tests/e2e`).
 
 pub mod ahead;

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::AtomicU64;
 
-use allot_core::engine::PoolUsage;
+use allot_engine::PoolUsage;
 
 use crate::config::ConfigState;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -284,7 +284,7 @@ impl Metrics {
 mod tests {
     use super::Metrics;
     use allot_core::addr::IpFamily;
-    use allot_core::engine::{PoolState, PoolUsage};
+    use allot_engine::{PoolState, PoolUsage};
     use allot_policy::FaultKey;
 
     #[test]

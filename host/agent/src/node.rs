@@ -5,18 +5,19 @@
 //! what it returns; the verbs can be called in process, without a socket or root.
 //!
 //! Engine work (store I/O, fsync) runs on blocking threads; each verb of an attachment runs
-//! under the attachment's lock ([`allot_core::engine::Engine::serialize`]), so an ADD, a DEL
+//! under the attachment's lock ([`allot_engine::Engine::serialize`]), so an ADD, a DEL
 //! and a DEL remembered in the journal are served one after another, in order.
 
 mod add;
 mod release;
+mod reload;
 
 use std::sync::Arc;
 
 use allot_api::{self as api, ProbeSettings, codes};
 use allot_core::PolicyErrorKind;
-use allot_core::engine::AllocError;
 use allot_core::store::StoreError;
+use allot_engine::AllocError;
 use allot_policy::{DecisionLog, PolicyRegistry};
 
 use crate::ahead::{AheadConfig, ProbeAhead};
@@ -240,11 +241,6 @@ impl Node {
 
     pub fn config(&self) -> &SharedConfig {
         &self.config
-    }
-
-    /// One reload of the pools at a time (the inventory's).
-    pub(crate) fn reloading(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.reloading.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn journal(&self) -> &Journal {

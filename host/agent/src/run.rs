@@ -2,12 +2,25 @@
 //! then its background work (watches, the Policy follower, reloads, the journal's replay once
 //! the socket and the journal are the agent's, quarantine expiry) and the servers, until
 //! SIGINT or SIGTERM.
+//!
+//! # Two runtimes, two API clients, on purpose
+//!
+//! The agent's runtime (two workers) serves the socket and runs the watches, the Policy follower
+//! and the Endpoint writes, with the API client made here. An etcd or Kubernetes claim store
+//! runs on a runtime of its own (one worker, [`allot_store::BlockingStore`]) with a client of
+//! its own, made on that runtime by `KubeStore::connect`, because the engine calls the store
+//! synchronously, from blocking threads and under an attachment's lock: were the store's calls
+//! tasks of the agent's runtime, every ADD waiting on the store would hold a blocking thread
+//! while the workers it waits for serve watches and requests, and a kube client's connection
+//! task lives on the runtime that made it. Apart, a burst of watch events cannot delay a claim,
+//! and the store's call budget times only the store. The cost is one thread and one connection
+//! to the API server.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::engine::{Engine, EngineConfig, seed_of};
 use allot_core::store::{Store, system_clock};
+use allot_engine::{Engine, EngineConfig, seed_of};
 use allot_policy::{
     Limits, OnFailure, PolicyEngine, PolicyRegistry, PolicySource, PrecompiledCache,
 };
@@ -211,7 +224,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         let first = node.clone();
         let first_source = source.clone();
-        tokio::task::spawn_blocking(move || inventory::reload(&first, &first_source))
+        tokio::task::spawn_blocking(move || first.reload(&first_source))
             .await
             .context("loading the pools")?;
         // Once the socket and the journal are this agent's, DELs remembered while it was away
@@ -222,12 +235,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             follow_watch(node.clone(), etcd);
         }
         let expiry = spawn_expiry(node.clone());
-        let ticker = tokio::spawn(inventory::run(
+        let ticker = tokio::spawn(periodic(
             node.clone(),
             source,
             Duration::from_millis(args.reload_interval_ms.max(100)),
         ));
-        let pools_follower = tokio::spawn(inventory::follow_index(node.clone()));
+        let pools_follower = tokio::spawn(follow_index(node.clone()));
         let served = server::serve(node, owned).await;
         pools_follower.abort();
         ticker.abort();
@@ -290,6 +303,65 @@ fn follow_watch(node: Arc<Node>, etcd: Arc<allot_store::EtcdStore>) {
         });
     if let Err(e) = spawned {
         tracing::warn!("cannot start following the store's watch ({e}); the periodic tick will");
+    }
+}
+
+/// The agent's periodic work, one blocking call per tick: reload when the files changed or the
+/// configuration is degraded, follow the store's change feed, replay the DEL journal, release
+/// kept StatefulSet addresses past their keep time.
+async fn periodic(node: Arc<Node>, source: inventory::Source, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let expire_every = Duration::from_secs(60);
+    let mut last_expiry = tokio::time::Instant::now();
+    loop {
+        tick.tick().await;
+        let node = node.clone();
+        let source = source.clone();
+        let expire = last_expiry.elapsed() >= expire_every;
+        if expire {
+            last_expiry = tokio::time::Instant::now();
+        }
+        let work = tokio::task::spawn_blocking(move || {
+            node.reload_if_changed(&source, true);
+            if let Err(e) = node.engine().tick() {
+                tracing::warn!("following the store's changes: {e}");
+            }
+            node.replay_journal();
+            if expire {
+                // Resyncs read every claim again; give their transient copies back.
+                crate::memory::release_free_pages();
+                node.expire_kept();
+            }
+        })
+        .await;
+        if let Err(e) = work {
+            tracing::error!("periodic work failed: {e}");
+        }
+    }
+}
+
+/// Cluster mode: reloads as soon as the watches deliver a change of pools (after a short pause
+/// that gathers a burst: a relist, `kubectl apply -f dir/`), the first lists included, rather
+/// than at the next tick: the agent is ready once its watches have listed, and serves a new
+/// pool a moment after it is created.
+async fn follow_index(node: Arc<Node>) {
+    let Some(index) = node.cluster().map(|c| c.index.clone()) else {
+        return;
+    };
+    let mut changes = index.changes();
+    while changes.changed().await.is_ok() {
+        let seen = index.read().pools_generation();
+        if seen.is_none() || seen == crate::config::lock(node.config()).loaded_from {
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (node, source) = (node.clone(), inventory::Source::Cluster(index.clone()));
+        if let Err(e) =
+            tokio::task::spawn_blocking(move || node.reload_if_changed(&source, false)).await
+        {
+            tracing::error!("reloading the pools failed: {e}");
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! The wire contract (`allot_api`, what the plugin sends and reads) in core's terms and back.
 
 use allot_api as api;
-use allot_core::engine::AddOutcome;
 use allot_core::store::Attachment;
+use allot_engine::AddOutcome;
 
 /// The attachment a request names.
 pub fn attachment(a: &api::AttachmentId) -> Attachment {

@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
-use allot_store::{KubeConfig, KubeStore, StoreArgs};
+use allot_store::{KubeConfig, KubeStore};
 use anyhow::{Context as _, bail};
+
+use crate::store_args::StoreArgs;
 
 pub struct Cluster {
     pub store: Arc<KubeStore>,

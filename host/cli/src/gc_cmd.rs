@@ -5,9 +5,11 @@ use std::process::ExitCode;
 
 use allot_controller::args::GcArgs;
 use allot_controller::gc::report::{dry_run, when};
-use allot_store::{OpenedStore, StoreArgs};
+use allot_store::OpenedStore;
 use anyhow::{Context as _, bail};
 use clap::Args;
+
+use crate::store_args::StoreArgs;
 
 #[derive(Args)]
 pub struct GcCommand {

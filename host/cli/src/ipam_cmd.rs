@@ -11,11 +11,11 @@ mod report;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::store_args::StoreArgs;
 use allot_controller::args::GcArgs;
 use allot_controller::audit::check_now;
 use allot_core::audit::{Clocks, Kept, repair};
 use allot_core::store::Store;
-use allot_store::StoreArgs;
 use anyhow::Context as _;
 use clap::Subcommand;
 

@@ -11,6 +11,7 @@ mod ipam_cmd;
 mod migrate_cmd;
 mod policy_cmd;
 mod scenario;
+mod store_args;
 mod store_cmd;
 
 use std::path::PathBuf;
@@ -31,7 +32,7 @@ use clap::{Args, Parser, Subcommand};
 )]
 struct Cli {
     #[command(flatten)]
-    store: allot_store::StoreArgs,
+    store: store_args::StoreArgs,
     #[command(subcommand)]
     command: Command,
 }

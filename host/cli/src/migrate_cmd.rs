@@ -11,9 +11,9 @@ mod write;
 
 use std::process::ExitCode;
 
+use crate::store_args::StoreArgs;
 use allot_core::migrate::{Inputs, Peer, Plan, plan};
 use allot_core::store::Store;
-use allot_store::StoreArgs;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 

@@ -9,9 +9,11 @@ use allot_core::config::{Object, Observation};
 use allot_core::documents;
 use allot_core::store::{Claim, Store};
 use allot_store::etcd::config::ConfigWrite;
-use allot_store::{EtcdStore, OpenedStore, StoreArgs};
+use allot_store::{EtcdStore, OpenedStore};
 use anyhow::{Context as _, bail};
 use clap::{Subcommand, ValueEnum};
+
+use crate::store_args::StoreArgs;
 
 /// The embedded store's file when --store is not given (the agent's default --state).
 const DEFAULT_STATE: &str = "/var/lib/allot/allot.db";

@@ -19,9 +19,9 @@ use allot_controller::lease::Leadership;
 use allot_index::{
     CapiClusterObject, FleetIndex, IndexResource, IpamAllocationObject, IpamPoolObject,
 };
+use allot_k8s::openapi::api::core::v1::ConfigMap;
 use allot_k8s::{IPAMAllocationSpec, IPAMPool};
 use allot_test_apiserver::ApiServer;
-use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::{Value, json};
 
 fn pool_spec() -> Value {

@@ -25,12 +25,12 @@ use allot_controller::metrics::Metrics;
 use allot_core::block::{block_name, block_of};
 use allot_core::store::{Clock, Store, system_clock};
 use allot_index::{ClusterIndex, IndexResource, Shared};
+use allot_k8s::openapi::api::apps::v1::StatefulSet;
+use allot_k8s::openapi::api::core::v1::{Node, Pod, PodIP, PodSpec, PodStatus};
+use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use allot_lab::{LoopbackControlPlane, LoopbackOptions};
 use allot_store::{KubeConfig, KubeStore};
 use allot_test_apiserver::ApiServer;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, Pod, PodIP, PodSpec, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value, json};
 
 const CLAIMS: usize = 150_000;

@@ -20,9 +20,9 @@ use allot_index::{
     ClusterIndex, EndpointObject, IndexResource, PodEntry, PoolObject, ReservedObject, Shared,
     SubnetObject,
 };
+use allot_k8s::openapi::api::core::v1::ObjectReference;
 use allot_k8s::{Endpoint, IPPool};
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::events::{Event, EventType};
 

@@ -36,9 +36,9 @@ use std::time::Duration;
 
 use allot_core::store::Store;
 use allot_index::{Shared, WorkloadIndex, feed, pool_document_feeds};
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::Namespace;
+use allot_k8s::openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use allot_k8s::openapi::api::batch::v1::{CronJob, Job};
+use allot_k8s::openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};

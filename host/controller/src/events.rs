@@ -6,7 +6,7 @@
 //! telling (each refusal once, one GC summary per pool and pass), and publishes each as a new
 //! Event.
 
-use k8s_openapi::api::core::v1::ObjectReference;
+use allot_k8s::openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, Recorder, Reporter};
 
 #[derive(Clone)]

@@ -50,9 +50,9 @@ use std::time::Duration;
 use allot_index::{
     CapiClusterObject, FleetIndex, IpamAllocationObject, IpamPoolObject, Shared, feed,
 };
+use allot_k8s::openapi::api::core::v1::ConfigMap;
 use allot_k8s::{IPAMAllocation, IPAMPool};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinSet;

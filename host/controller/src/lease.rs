@@ -15,9 +15,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
+use allot_k8s::openapi::api::coordination::v1::{Lease, LeaseSpec};
+use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use allot_k8s::openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
 use tokio::sync::watch;

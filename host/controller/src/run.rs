@@ -1,5 +1,10 @@
 //! Wiring: the client, the claim store, the index's watches, the election, and the loops that
 //! act as leader.
+//!
+//! The claim store (the cluster's IPBlocks) runs on a one-worker runtime of its own with an API
+//! client of its own ([`allot_store::BlockingStore`]), as in the agent (whose `run` module says
+//! why): GC, the audit, the pool lifecycle and the webhook call it synchronously from blocking
+//! threads, and it must not wait on the workers that serve the webhook and the watches.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,11 +12,11 @@ use std::time::Duration;
 use allot_core::store::{Store, system_clock};
 use allot_index::{ClusterIndex, EndpointObject, Shared, feed, pool_document_feeds};
 use allot_k8s::Endpoint;
+use allot_k8s::openapi::api::apps::v1::StatefulSet;
+use allot_k8s::openapi::api::coordination::v1::Lease;
+use allot_k8s::openapi::api::core::v1::{Node, Pod};
 use allot_store::{KubeConfig, KubeStore};
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
+use allot_k8s::openapi::api::coordination::v1::Lease;
 use kube::Api;
 
 use crate::args::ControllerArgs;

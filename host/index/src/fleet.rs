@@ -20,10 +20,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use allot_k8s::openapi::api::core::v1::ConfigMap;
+use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use allot_k8s::openapi::jiff::Timestamp;
 use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, IPAMPool, IPAMPoolSpec};
-use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
 
 use crate::feed::IndexResource;
@@ -154,7 +154,7 @@ impl PartialEq for Undecodable {
 
 impl Eq for Undecodable {}
 
-fn decode<T: k8s_openapi::serde::de::DeserializeOwned>(
+fn decode<T: allot_k8s::openapi::serde::de::DeserializeOwned>(
     kind: &'static str,
     o: &DynamicObject,
 ) -> Result<T, Undecodable> {

@@ -6,7 +6,7 @@
 //! A network without a namespace is in the pod's.
 
 use allot_core::migrate::PodAddress;
-use k8s_openapi::api::core::v1::Pod;
+use allot_k8s::openapi::api::core::v1::Pod;
 use serde_json::Value;
 
 pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";

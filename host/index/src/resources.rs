@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 
 use allot_core::policy::Owner;
 use allot_core::store::holder_kind;
-use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use allot_k8s::openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use allot_k8s::openapi::api::batch::v1::Job;
+use allot_k8s::openapi::api::core::v1::{Namespace, Node, Pod};
+use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::core::PartialObjectMeta;
 
 use crate::feed::IndexResource;

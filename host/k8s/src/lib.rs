@@ -16,6 +16,13 @@
 //!
 //! `crds/` is generated from these types by `allotctl crds` ([`crds`]); a test fails when the
 //! committed files are stale.
+//!
+//! It is also allot's one door to Kubernetes' own types: [`openapi`] re-exports k8s-openapi, and
+//! every other allot crate imports them from there (`allot_k8s::openapi::api::core::v1::Pod`),
+//! as linkerd's crates import theirs from its `k8s-api` crate. The Kubernetes version these
+//! types speak is k8s-openapi's version feature (`v1_33`), chosen once, on the `k8s-openapi`
+//! line of the workspace's Cargo.toml; no other allot crate depends on k8s-openapi (a test of
+//! this crate fails if one does).
 
 mod block;
 mod convert;
@@ -27,6 +34,9 @@ pub mod peers;
 mod policy;
 mod pools;
 
+/// Kubernetes' own API types (k8s-openapi), at the version this build speaks.
+pub use k8s_openapi as openapi;
+
 pub use block::{BlockClaim, IPBlock, IPBlockSpec};
 pub use crd::{crd_file_name, crds, crds_yaml};
 pub use endpoint::{Endpoint, EndpointInterface, EndpointSpec, OwnerRef};
@@ -35,7 +45,8 @@ pub use fleet::{
     IPAMPoolDatacenter, IPAMPoolSpec, IPAMPoolStatus,
 };
 pub use policy::{
-    ConfigMapKey, OnFailure, Policy, PolicyLocation, PolicySource, PolicySpec, PolicyStatus,
+    ConfigMapKey, LocationError, OnFailure, Policy, PolicyLocation, PolicySource, PolicySpec,
+    PolicyStatus,
 };
 pub use pools::{
     AddressCounts, IPPool, IpPoolSpec, ReservedIP, ReservedIpSpec, Subnet, SubnetSpec,

@@ -77,9 +77,27 @@ pub enum PolicyLocation<'a> {
     File(&'a str),
 }
 
+/// Why a [`PolicySource`] has no one location: it sets `count` of them, not one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocationError {
+    pub count: usize,
+}
+
+impl std::fmt::Display for LocationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a Policy source needs exactly one of configMap, oci and file; this one has {}",
+            self.count
+        )
+    }
+}
+
+impl std::error::Error for LocationError {}
+
 impl PolicySource {
     /// The one location set, or why there is not exactly one.
-    pub fn location(&self) -> Result<PolicyLocation<'_>, String> {
+    pub fn location(&self) -> Result<PolicyLocation<'_>, LocationError> {
         let set: Vec<PolicyLocation<'_>> = [
             self.config_map.as_ref().map(PolicyLocation::ConfigMap),
             self.oci.as_deref().map(PolicyLocation::Oci),
@@ -90,10 +108,7 @@ impl PolicySource {
         .collect();
         match <[PolicyLocation<'_>; 1]>::try_from(set) {
             Ok([one]) => Ok(one),
-            Err(set) => Err(format!(
-                "a Policy source needs exactly one of configMap, oci and file; this one has {}",
-                set.len()
-            )),
+            Err(set) => Err(LocationError { count: set.len() }),
         }
     }
 }

@@ -10,13 +10,15 @@
 //! was sent), and added `family-decision.address` (a policy may name the address a NIC must
 //! get); older components never name one.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use allot_core::PolicyError;
 use allot_core::policy::{Decision, Inventory, NamespaceInfo, NodeInfo, Request};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, Store};
 
-use crate::convert;
-use crate::runtime::HostState;
+mod convert;
 
 pub(crate) mod v0_1 {
     wasmtime::component::bindgen!({
@@ -37,6 +39,50 @@ pub(crate) mod v0_3 {
         world: "pool-policy",
         path: "../../wit",
     });
+}
+
+/// Log lines a policy may emit per call, and their length; the rest are counted and dropped.
+const MAX_LOG_LINES: usize = 32;
+const MAX_LOG_LINE: usize = 1024;
+
+/// What a store carries: the memory cap and the policy's log lines for the current call. Owned
+/// here because the contract's host imports act on it; the runtime makes one per store and
+/// reads what a call left in it.
+pub(crate) struct HostState {
+    pub(crate) policy_name: Arc<str>,
+    pub(crate) memory_cap: usize,
+    pub(crate) memory_cap_hit: Option<usize>,
+    pub(crate) log_lines: usize,
+    pub(crate) last_panic: Option<String>,
+    /// When the current call's time is up, by the wall clock. The epoch is only a cheap
+    /// trigger: a ticker starved by a loaded machine catches up in a burst, and a call started
+    /// just before the burst must not be stopped early (see `wall_clock_deadline`).
+    pub(crate) wall_deadline: Option<Instant>,
+}
+
+impl HostState {
+    /// The contract's one import, whichever version the policy was built against.
+    pub(crate) fn log(&mut self, level: tracing::Level, message: &str) {
+        if let Some(panic) = message.strip_prefix("panic: ") {
+            self.last_panic = Some(truncate(panic, MAX_LOG_LINE).to_string());
+        }
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES {
+            return;
+        }
+        let message = truncate(message, MAX_LOG_LINE);
+        let policy = &*self.policy_name;
+        match level {
+            tracing::Level::ERROR => tracing::error!(policy, "{message}"),
+            tracing::Level::WARN => tracing::warn!(policy, "{message}"),
+            tracing::Level::INFO => tracing::info!(policy, "{message}"),
+            _ => tracing::debug!(policy, "{message}"),
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    &s[..s.floor_char_boundary(max)]
 }
 
 /// The export each version's component carries, newest first.

@@ -9,7 +9,6 @@
 
 mod cache;
 mod contract;
-mod convert;
 mod record;
 mod registry;
 mod runtime;
@@ -285,5 +284,10 @@ impl Policy for LoadedPolicy {
 
     fn name(&self) -> String {
         self.name.clone()
+    }
+
+    /// The runtime checks every answer before returning it.
+    fn validates(&self) -> bool {
+        true
     }
 }

@@ -14,15 +14,11 @@ use wasmtime::{
 };
 
 use crate::Limits;
-use crate::contract::{self, GuestInventory};
+use crate::contract::{self, GuestInventory, HostState};
 use crate::slots::{InstanceSlots, Share, Slot};
 
 /// How often the engine's epoch advances; deadlines are whole ticks.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(1);
-
-/// Log lines a policy may emit per call, and their length; the rest are counted and dropped.
-const MAX_LOG_LINES: usize = 32;
-const MAX_LOG_LINE: usize = 1024;
 
 pub(crate) fn new_engine(limits: &Limits) -> wasmtime::Result<(Engine, Arc<EpochTicker>)> {
     let mut config = Config::new();
@@ -164,19 +160,6 @@ fn tick_while_busy(weak: &wasmtime::EngineWeak, shared: &TickerShared) {
     }
 }
 
-/// What a store carries: the memory cap and the policy's log lines for the current call.
-pub(crate) struct HostState {
-    policy_name: Arc<str>,
-    memory_cap: usize,
-    memory_cap_hit: Option<usize>,
-    log_lines: usize,
-    last_panic: Option<String>,
-    /// When the current call's time is up, by the wall clock. The epoch is only a cheap
-    /// trigger: a ticker starved by a loaded machine catches up in a burst, and a call started
-    /// just before the burst must not be stopped early (see `wall_clock_deadline`).
-    wall_deadline: Option<Instant>,
-}
-
 /// Called when a call's epoch deadline passes: stops the guest only once the wall-clock
 /// deadline has passed too; otherwise extends the epoch deadline to the time that is left.
 fn wall_clock_deadline(
@@ -219,31 +202,6 @@ impl ResourceLimiter for HostState {
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
     }
-}
-
-impl HostState {
-    /// The contract's one import, whichever version the policy was built against.
-    pub(crate) fn log(&mut self, level: tracing::Level, message: &str) {
-        if let Some(panic) = message.strip_prefix("panic: ") {
-            self.last_panic = Some(truncate(panic, MAX_LOG_LINE).to_string());
-        }
-        self.log_lines += 1;
-        if self.log_lines > MAX_LOG_LINES {
-            return;
-        }
-        let message = truncate(message, MAX_LOG_LINE);
-        let policy = &*self.policy_name;
-        match level {
-            tracing::Level::ERROR => tracing::error!(policy, "{message}"),
-            tracing::Level::WARN => tracing::warn!(policy, "{message}"),
-            tracing::Level::INFO => tracing::info!(policy, "{message}"),
-            _ => tracing::debug!(policy, "{message}"),
-        }
-    }
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    &s[..s.floor_char_boundary(max)]
 }
 
 /// A compiled component, linked and ready to instantiate.

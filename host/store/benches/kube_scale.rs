@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use allot_core::block::{block_name, block_of};
-use allot_core::engine::{Engine, EngineConfig, seed_of};
 use allot_core::store::{Attachment, Store, system_clock};
+use allot_engine::{Engine, EngineConfig, seed_of};
 use allot_store::{KubeConfig, KubeStore, SqliteStore};
 use allot_test_apiserver::ApiServer;
 use serde_json::json;

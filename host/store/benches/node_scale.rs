@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use allot_core::engine::{Engine, EngineConfig};
 use allot_core::store::{Attachment, Claim, PodRef, Store, system_clock};
+use allot_engine::{Engine, EngineConfig};
 use allot_store::SqliteStore;
 
 mod common;

@@ -36,6 +36,7 @@ mod claims;
 pub mod config;
 mod feed;
 pub mod keys;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 use std::net::IpAddr;
@@ -79,13 +80,37 @@ pub struct EtcdConfig {
     pub timeout: Duration,
 }
 
+/// Why an `etcd://` URL names no etcd cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UrlError {
+    /// Not `etcd://…` at all.
+    NotEtcd { url: String },
+    /// One endpoint is not `HOST:PORT`.
+    NotHostPort { url: String, endpoint: String },
+}
+
+impl std::fmt::Display for UrlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UrlError::NotEtcd { url } => write!(
+                f,
+                "{url:?} is not an etcd store: write etcd://HOST:PORT[,HOST:PORT…]"
+            ),
+            UrlError::NotHostPort { url, endpoint } => write!(
+                f,
+                "{url:?}: {endpoint:?} is not HOST:PORT (write etcd://127.0.0.1:2379,10.0.0.2:2379)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for UrlError {}
+
 impl EtcdConfig {
     /// Parses `etcd://HOST:PORT[,HOST:PORT…]`.
-    pub fn from_url(url: &str) -> Result<EtcdConfig, String> {
+    pub fn from_url(url: &str) -> Result<EtcdConfig, UrlError> {
         let Some(rest) = url.strip_prefix("etcd://") else {
-            return Err(format!(
-                "{url:?} is not an etcd store: write etcd://HOST:PORT[,HOST:PORT…]"
-            ));
+            return Err(UrlError::NotEtcd { url: url.into() });
         };
         let endpoints: Vec<String> = rest
             .trim_end_matches('/')
@@ -98,9 +123,10 @@ impl EtcdConfig {
                 !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok_and(|p| p > 0)
             });
             if !ok {
-                return Err(format!(
-                    "{url:?}: {e:?} is not HOST:PORT (write etcd://127.0.0.1:2379,10.0.0.2:2379)"
-                ));
+                return Err(UrlError::NotHostPort {
+                    url: url.into(),
+                    endpoint: e.clone(),
+                });
             }
         }
         Ok(EtcdConfig {
@@ -362,7 +388,7 @@ mod tests {
             "etcd://:2379",
             "etcd://a:1,,b:2",
         ] {
-            let err = EtcdConfig::from_url(bad).unwrap_err();
+            let err = EtcdConfig::from_url(bad).unwrap_err().to_string();
             assert!(err.contains("HOST:PORT"), "{bad}: {err}");
         }
     }

@@ -6,11 +6,13 @@
 //! - [`sqlite`]: the embedded default, one SQLite file per node ([`SqliteStore`]).
 //! - [`etcd`]: claims in an etcd v3 cluster, for several nodes ([`EtcdStore`]).
 //! - [`kubernetes`]: claims in IPBlock objects of a cluster's API ([`KubeStore`]).
-//! - [`contract`]: the backend-independent contract suite, expanded into one test per behaviour
-//!   by [`store_contract_tests!`]. Every backend (embedded, etcd, kubernetes, test doubles) runs
-//!   it.
+//! - `contract`: the backend-independent contract suite, expanded into one test per behaviour
+//!   by `store_contract_tests!`. Every backend (embedded, etcd, kubernetes, test doubles) runs
+//!   it. Test support: only with the `testing` feature, which tests turn on through a
+//!   dev-dependency, so no binary ships it (nor `etcd::testing`, the etcd launcher).
 
 pub mod blocking;
+#[cfg(feature = "testing")]
 pub mod contract;
 pub mod etcd;
 pub mod kubernetes;
@@ -20,5 +22,5 @@ pub mod sqlite;
 pub use blocking::{AsyncStore, BlockingStore};
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use kubernetes::{KubeConfig, KubeStats, KubeStore, client as kube_client};
-pub use open::{KUBERNETES, OpenedStore, StoreArgs};
+pub use open::{EtcdOptionsError, KUBERNETES, OpenedStore, StoreOptions};
 pub use sqlite::SqliteStore;

@@ -1,45 +1,38 @@
-//! Choosing a store from the command line: `--store` and the etcd options, shared by the agent
-//! and `allotctl`.
+//! Opening the store the command line names: `--store` and the etcd options of the agent and
+//! `allotctl`, which each parse them (clap stays in the binaries) into [`StoreOptions`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use allot_core::store::{Store, StoreError};
 
-use crate::etcd::{DEFAULT_PREFIX, EtcdConfig, EtcdStore};
+use crate::etcd::{EtcdConfig, EtcdStore, UrlError};
 use crate::kubernetes::{KubeConfig, KubeStore};
 use crate::sqlite::SqliteStore;
 
-/// Where claims are kept.
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct StoreArgs {
-    /// The claim store: `etcd://HOST:PORT[,HOST:PORT…]` to share claims between nodes,
-    /// `kubernetes` for the IPBlocks of a cluster (the agent's `--kubernetes` mode), or the path
-    /// of the embedded SQLite file (the default; one node only).
-    #[arg(long, value_name = "URL|FILE")]
+/// Where claims are kept, as the `--store` and etcd flags of the agent and `allotctl` say it.
+/// Plain data: each binary parses its own flags (clap stays in the binaries) and hands them
+/// over as these options.
+#[derive(Clone, Debug, Default)]
+pub struct StoreOptions {
+    /// `--store`: `etcd://HOST:PORT[,HOST:PORT…]`, `kubernetes`, or the SQLite file's path.
     pub store: Option<String>,
-    /// Key prefix in etcd: several installations can share one etcd.
-    #[arg(long, value_name = "PREFIX", default_value = DEFAULT_PREFIX)]
+    /// `--etcd-prefix`: key prefix in etcd.
     pub etcd_prefix: String,
-    /// The CA certificate (PEM) that signed etcd's server certificate: talk TLS to etcd.
-    #[arg(long, value_name = "FILE")]
+    /// `--etcd-ca`: the CA certificate (PEM) that signed etcd's server certificate.
     pub etcd_ca: Option<PathBuf>,
-    /// This client's certificate (PEM), for an etcd that requires client certificates.
-    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    /// `--etcd-cert`: this client's certificate (PEM).
     pub etcd_cert: Option<PathBuf>,
-    /// The key (PEM) of --etcd-cert.
-    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    /// `--etcd-key`: the key (PEM) of `etcd_cert`.
     pub etcd_key: Option<PathBuf>,
-    /// The kubeconfig of `--store kubernetes` (and of the agent's `--kubernetes`); default:
-    /// $KUBECONFIG, ~/.kube/config, or the in-cluster ServiceAccount.
-    #[arg(long, value_name = "FILE")]
+    /// `--kubeconfig`: the kubeconfig of `--store kubernetes`.
     pub kubeconfig: Option<PathBuf>,
 }
 
 /// `--store kubernetes`.
 pub const KUBERNETES: &str = "kubernetes";
 
-/// A store opened from [`StoreArgs`], keeping its concrete kind for what only one kind does.
+/// A store opened from [`StoreOptions`], keeping its concrete kind for what only one kind does.
 #[derive(Clone)]
 pub enum OpenedStore {
     Sqlite(Arc<SqliteStore>),
@@ -66,34 +59,69 @@ impl OpenedStore {
     }
 }
 
-impl StoreArgs {
+/// Why the etcd flags name no etcd store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EtcdOptionsError {
+    /// TLS flags without `--store etcd://…`.
+    TlsWithoutEtcd,
+    /// `--etcd-prefix` is not an absolute prefix other than `/`.
+    Prefix(String),
+    /// `--store etcd://…` names no etcd cluster.
+    Url(UrlError),
+}
+
+impl std::fmt::Display for EtcdOptionsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EtcdOptionsError::TlsWithoutEtcd => {
+                f.write_str("--etcd-ca, --etcd-cert and --etcd-key need --store etcd://…")
+            }
+            EtcdOptionsError::Prefix(prefix) => write!(
+                f,
+                "--etcd-prefix {prefix:?}: write an absolute key prefix other than \"/\", like /allot"
+            ),
+            EtcdOptionsError::Url(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for EtcdOptionsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            EtcdOptionsError::Url(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl StoreOptions {
     /// The etcd configuration, when `--store` names etcd.
-    pub fn etcd(&self) -> Result<Option<EtcdConfig>, String> {
+    pub fn etcd(&self) -> Result<Option<EtcdConfig>, EtcdOptionsError> {
         let Some(url) = self.store.as_deref().filter(|s| s.starts_with("etcd://")) else {
             if self.etcd_ca.is_some() || self.etcd_cert.is_some() {
-                return Err("--etcd-ca, --etcd-cert and --etcd-key need --store etcd://…".into());
+                return Err(EtcdOptionsError::TlsWithoutEtcd);
             }
             return Ok(None);
         };
         if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.trim_end_matches('/').is_empty() {
-            return Err(format!(
-                "--etcd-prefix {:?}: write an absolute key prefix other than \"/\", like /allot",
-                self.etcd_prefix
-            ));
+            return Err(EtcdOptionsError::Prefix(self.etcd_prefix.clone()));
         }
         Ok(Some(EtcdConfig {
             prefix: self.etcd_prefix.clone(),
             ca: self.etcd_ca.clone(),
             cert: self.etcd_cert.clone(),
             key: self.etcd_key.clone(),
-            ..EtcdConfig::from_url(url)?
+            ..EtcdConfig::from_url(url).map_err(EtcdOptionsError::Url)?
         }))
     }
 
     /// Opens the store: etcd when `--store etcd://…`, else the SQLite file `--store FILE`, else
     /// `default_file`.
     pub fn open(&self, default_file: &std::path::Path) -> Result<OpenedStore, StoreError> {
-        if let Some(config) = self.etcd().map_err(StoreError::Backend)? {
+        if let Some(config) = self
+            .etcd()
+            .map_err(|e| StoreError::Backend(e.to_string()))?
+        {
             return Ok(OpenedStore::Etcd(Arc::new(EtcdStore::connect(&config)?)));
         }
         if self.store.as_deref() == Some(KUBERNETES) {
@@ -127,12 +155,13 @@ impl StoreArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcd::DEFAULT_PREFIX;
 
-    fn args(store: Option<&str>) -> StoreArgs {
-        StoreArgs {
+    fn args(store: Option<&str>) -> StoreOptions {
+        StoreOptions {
             store: store.map(str::to_string),
             etcd_prefix: DEFAULT_PREFIX.into(),
-            ..StoreArgs::default()
+            ..StoreOptions::default()
         }
     }
 
@@ -144,11 +173,20 @@ mod tests {
         assert_eq!(args(Some("/tmp/x.db")).etcd(), Ok(None));
         let mut tls = args(None);
         tls.etcd_ca = Some("/ca.pem".into());
-        assert!(tls.etcd().unwrap_err().contains("need --store etcd://"));
+        assert_eq!(tls.etcd(), Err(EtcdOptionsError::TlsWithoutEtcd));
+        assert!(
+            tls.etcd()
+                .unwrap_err()
+                .to_string()
+                .contains("need --store etcd://")
+        );
         for bad in ["allot", "/", ""] {
             let mut a = args(Some("etcd://127.0.0.1:2379"));
             a.etcd_prefix = bad.into();
-            assert!(a.etcd().unwrap_err().contains("--etcd-prefix"), "{bad}");
+            assert!(
+                a.etcd().unwrap_err().to_string().contains("--etcd-prefix"),
+                "{bad}"
+            );
         }
     }
 

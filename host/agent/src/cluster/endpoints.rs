@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use allot_core::engine::AddOutcome;
+use allot_engine::AddOutcome;
 use allot_index::PodRequest;
+use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use allot_k8s::{Endpoint, EndpointInterface, EndpointSpec, OwnerRef};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, PostParams};
 
 const ATTEMPTS: u32 = 5;

@@ -7,12 +7,12 @@
 use std::sync::Arc;
 
 use allot_core::policy::{Inventory, Nic, PodInfo, Policy as _, Request};
+use allot_k8s::openapi::api::core::v1::{ConfigMap, ObjectReference};
 use allot_k8s::{PolicyLocation, PolicySpec};
 use allot_policy::{
     Limits, LoadedPolicy, OnFailure, PolicyEngine, PolicyRegistry, PolicySource, PrecompiledCache,
 };
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -123,7 +123,10 @@ impl PolicyFollower {
     /// Fetches, verifies, compiles, smoke-tests and installs the component `spec` names.
     async fn load(&self, spec: &PolicySpec) -> Result<String, Refusal> {
         let refuse = |digest: Option<String>, reason: String| Refusal { digest, reason };
-        let location = spec.source.location().map_err(|e| refuse(None, e))?;
+        let location = spec
+            .source
+            .location()
+            .map_err(|e| refuse(None, e.to_string()))?;
         let (name, bytes) = match location {
             PolicyLocation::File(path) => {
                 let path = path.to_string();

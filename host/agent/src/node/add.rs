@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use allot_api as api;
-use allot_core::engine::{AddOutcome, AddRequest};
 use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, Owner, PodInfo};
 use allot_core::store::{Attachment, VIRTUAL_MACHINE_KIND};
+use allot_engine::{AddOutcome, AddRequest};
 use allot_index::PodRequest;
 
 use super::{Node, NodeError};

@@ -23,8 +23,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use allot_api as api;
-use allot_core::engine::{AllocError, DelRequest, Serialized};
 use allot_core::store::{Attachment, Claim, StoreError};
+use allot_engine::{AllocError, DelRequest, Serialized};
 
 use super::{Node, NodeError};
 use crate::wire;

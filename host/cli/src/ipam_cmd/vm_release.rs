@@ -15,11 +15,11 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::net::IpAddr;
 use std::process::ExitCode;
 
+use crate::store_args::StoreArgs;
 use allot_core::gc::PodPhase;
 use allot_core::store::{Claim, Store, VIRTUAL_MACHINE_KIND};
-use allot_store::StoreArgs;
+use allot_k8s::openapi::api::core::v1::Pod;
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
 use crate::cluster::connect;

@@ -9,10 +9,10 @@ use allot_core::migrate::{
     Current, CurrentObject, LivePod, Owner, Peer, PeerObject, PeerPool, Record,
 };
 use allot_core::spec::{ReservedIpSpec, SubnetSpec};
+use allot_k8s::openapi::api::core::v1::Pod;
 use allot_k8s::peers::{PeerKind, spiderpool, whereabouts};
 use allot_k8s::{Endpoint, IPPool, ReservedIP, Subnet};
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::Resource;
 use serde::de::DeserializeOwned;

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 
 use allot_core::migrate::{EndpointRecord, Plan, Write};
 use allot_core::store::{Store, StoreError};
+use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use allot_k8s::{
     Endpoint, EndpointInterface, EndpointSpec, IPPool, IpPoolSpec, OwnerRef, ReservedIP,
     ReservedIpSpec, Subnet, SubnetSpec,
 };
 use anyhow::{Context as _, bail};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, PostParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;

@@ -11,10 +11,10 @@ use allot_core::autopool::pool_name;
 use allot_core::policy::Application;
 use allot_core::store::{MemoryStore, Store};
 use allot_index::{IndexResource, PoolObject, ReservedObject, SubnetObject, WorkloadIndex};
+use allot_k8s::openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use allot_k8s::openapi::api::batch::v1::{CronJob, Job};
 use allot_store::contract::{attachment, claim, pod};
 use allot_test_apiserver::verifier::{ApiServerVerifier, answer, mock_client, refusal};
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::{CronJob, Job};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 

@@ -24,8 +24,8 @@ use allot_core::spec::IpPoolSpec;
 use allot_core::store::Store;
 use allot_core::{AddrSet, IpFamily, Subnet};
 use allot_index::WorkloadIndex;
+use allot_k8s::openapi::api::core::v1::ObjectReference;
 use allot_k8s::{IPPool, IpPoolSpec as IpPoolSpecObject};
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType};
 

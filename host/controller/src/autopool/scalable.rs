@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use allot_index::{ScalableKind, ScaleRead, Shared, WorkloadIndex};
-use futures::StreamExt;
-use k8s_openapi::api::authorization::v1::{
+use allot_k8s::openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
+use futures::StreamExt;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::{ApiCapabilities, ApiResource, Discovery, Scope};
 use kube::runtime::{WatchStreamExt, watcher};

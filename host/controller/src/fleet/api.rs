@@ -15,11 +15,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use allot_core::fleet::Allocation;
+use allot_k8s::openapi::api::core::v1::ConfigMap;
 use allot_k8s::{
     AllocationState, IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, IPAMPool,
     IPAMPoolStatus,
 };
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;

@@ -12,7 +12,7 @@ use super::workload::{Connect, CopySettings, WorkloadCopier, copies};
 use crate::lease::Leadership;
 
 fn kubeconfig_secret(ns: &str, cluster: &str, kubeconfig: &str) -> Value {
-    use k8s_openapi::ByteString;
+    use allot_k8s::openapi::ByteString;
     json!({"apiVersion": "v1", "kind": "Secret",
            "metadata": {"namespace": ns, "name": format!("{cluster}-kubeconfig")},
            "data": {"value": ByteString(kubeconfig.as_bytes().to_vec())}})

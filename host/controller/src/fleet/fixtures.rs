@@ -4,8 +4,8 @@
 use allot_index::{
     CapiClusterObject, FleetIndex, IndexResource, IpamAllocationObject, IpamPoolObject,
 };
+use allot_k8s::openapi::api::core::v1::ConfigMap;
 use allot_test_apiserver::verifier::{ApiServerVerifier, answer, mock_client};
-use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::{Value, json};
 use std::time::Duration;
 

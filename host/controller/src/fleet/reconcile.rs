@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::fleet::{FleetApiError, FleetCluster, allocate, release, sync};
 use allot_index::fleet::CLUSTER_NAME_LABEL;
+use allot_k8s::openapi::api::core::v1::ObjectReference;
 use allot_k8s::{IPAMAllocation, IPAMAllocationSpec, IPAMPool};
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };

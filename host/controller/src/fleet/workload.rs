@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_index::{FleetIndex, Shared};
+use allot_k8s::openapi::api::core::v1::{ConfigMap, Secret};
 use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Event, EventType};

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use allot_core::gc::{LeakReason, NotBefore, Verdict, decide};
 use allot_core::store::{Claim, Store};
 use allot_index::{ClusterIndex, IndexResource};
+use allot_k8s::openapi::api::apps::v1::StatefulSet;
+use allot_k8s::openapi::api::core::v1::{Node, Pod};
 use anyhow::Context as _;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use serde::de::DeserializeOwned;
 

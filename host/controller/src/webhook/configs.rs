@@ -29,13 +29,15 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{
+use allot_k8s::openapi::ByteString;
+use allot_k8s::openapi::api::admissionregistration::v1::{
     MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
     ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::api::rbac::v1::ClusterRole;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use allot_k8s::openapi::api::rbac::v1::ClusterRole;
+use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, ObjectMeta, OwnerReference,
+};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Resource};
 use serde::Serialize;

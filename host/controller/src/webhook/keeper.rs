@@ -9,11 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::admissionregistration::v1::{
+use allot_k8s::openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::core::v1::Secret;
+use allot_k8s::openapi::api::core::v1::Secret;
+use futures::StreamExt;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};

@@ -1,3 +1,5 @@
+//! The audit's table, by example and by property (kept apart from the table it tests).
+
 use std::net::IpAddr;
 
 use proptest::prelude::*;

@@ -1,3 +1,5 @@
+//! Declared addresses: which pod may take which, by example (kept apart from the rules).
+
 use super::*;
 use crate::spec::{ObjectMeta, ReservedIpSpec};
 

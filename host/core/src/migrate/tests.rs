@@ -1,3 +1,6 @@
+//! Migration from other IPAMs' records, by example and by property (kept apart from the code it
+//! tests).
+
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 

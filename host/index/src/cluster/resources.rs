@@ -4,9 +4,9 @@ use allot_core::config::ObjectKind;
 use allot_core::gc::PodPhase;
 use allot_core::store::VIRTUAL_MACHINE_KIND;
 use allot_k8s::Endpoint;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use allot_k8s::openapi::api::apps::v1::StatefulSet;
+use allot_k8s::openapi::api::core::v1::{Node, Pod};
+use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
 

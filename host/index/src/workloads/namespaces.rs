@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Namespace;
+use allot_k8s::openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 
 use super::{WorkloadIndex, WorkloadKind};

@@ -1,3 +1,6 @@
+//! Whereabouts' objects as its controllers write them, decoded (kept apart: the decoder is short,
+//! its cases are not).
+
 use serde_json::json;
 
 use super::*;

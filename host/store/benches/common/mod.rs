@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use allot_core::engine::AddRequest;
 use allot_core::policy::{
     AcquisitionRule, CniDefaults, Decision, FamilyDecision, Inventory, NamespaceInfo, NicDecision,
     NodeInfo, Owner, PodInfo, Policy, PolicyError, Request,
@@ -13,6 +12,7 @@ use allot_core::policy::{
 use allot_core::spec::{IpPoolSpec, ObjectMeta};
 use allot_core::store::Attachment;
 use allot_core::{IpFamily, Pool};
+use allot_engine::AddRequest;
 
 /// The CNI default pools, in order.
 pub struct CniDefaultsPolicy;

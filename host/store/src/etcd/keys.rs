@@ -186,18 +186,56 @@ pub fn encode(c: &Claim) -> String {
     serde_json::to_string(&stored).expect("a claim serialises")
 }
 
+/// Why a claim key's value is not a claim; the message names the key and says what is wrong.
+#[derive(Debug)]
+pub enum DecodeError {
+    /// The value is not a stored claim.
+    Json {
+        key: String,
+        source: serde_json::Error,
+    },
+    /// The value's address is not the one its key names.
+    WrongAddress { key: String, address: IpAddr },
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::Json { key, source } => {
+                write!(f, "claim {key:?} does not decode: {source}")
+            }
+            DecodeError::WrongAddress { key, address } => write!(
+                f,
+                "claim {key:?} holds address {address}, which is not the canonical address of its key"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DecodeError::Json { source, .. } => Some(source),
+            DecodeError::WrongAddress { .. } => None,
+        }
+    }
+}
+
 /// Decodes the value of a claim key; the error names the key and says what is wrong.
-pub fn decode(key: &[u8], value: &[u8]) -> Result<Claim, String> {
-    let key_text = String::from_utf8_lossy(key);
-    let stored: StoredClaim = serde_json::from_slice(value)
-        .map_err(|e| format!("claim {key_text:?} does not decode: {e}"))?;
+pub fn decode(key: &[u8], value: &[u8]) -> Result<Claim, DecodeError> {
+    let key_text = || String::from_utf8_lossy(key).into_owned();
+    let stored: StoredClaim =
+        serde_json::from_slice(value).map_err(|source| DecodeError::Json {
+            key: key_text(),
+            source,
+        })?;
     match Keys::address_of(key) {
         Some(a) if a == stored.address => {}
         _ => {
-            return Err(format!(
-                "claim {key_text:?} holds address {}, which is not the canonical address of its key",
-                stored.address
-            ));
+            return Err(DecodeError::WrongAddress {
+                key: key_text(),
+                address: stored.address,
+            });
         }
     }
     Ok(Claim {
@@ -277,14 +315,20 @@ mod tests {
             updated_at: 7,
         };
         let json = encode(&c);
-        assert_eq!(decode(b"/allot/claims/fd00::7", json.as_bytes()), Ok(c));
-        let err = decode(b"/allot/claims/fd00::8", json.as_bytes()).unwrap_err();
+        assert_eq!(
+            decode(b"/allot/claims/fd00::7", json.as_bytes()).unwrap(),
+            c
+        );
+        let err = decode(b"/allot/claims/fd00::8", json.as_bytes())
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("not the canonical address of its key"),
             "{err}"
         );
         let err = decode(b"/allot/claims/fd00::7", b"{").unwrap_err();
-        assert!(err.contains("does not decode"), "{err}");
+        assert!(std::error::Error::source(&err).is_some());
+        assert!(err.to_string().contains("does not decode"), "{err}");
     }
 
     #[test]

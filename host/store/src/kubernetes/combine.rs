@@ -28,7 +28,7 @@ use ipnet::IpNet;
 use kube::api::PostParams;
 use tokio::sync::{Notify, oneshot};
 
-use super::mirror::Block;
+use super::compact::Block;
 use super::writes::{Edit, pause_after_lost_write};
 use super::{Backend, MAX_ATTEMPTS, attempt};
 

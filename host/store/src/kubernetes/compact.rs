@@ -1,3 +1,7 @@
+//! An IPBlock decoded ([`Block`]: its claims, its cooling addresses and the metadata others set
+//! on it, to and from the object), and claims as the mirror keeps them ([`Stored`]). The mirror,
+//! the writes and the watch all speak [`Block`]; the mirror keeps [`Stored`].
+//!
 //! Claims as the mirror keeps them: small, and in few allocations. An agent mirrors every claim
 //! of the cluster (150,000 of them in a large one), so
 //! - a claim's repeated words (pool, network, namespace, interface, owner, node) are kept once,
@@ -16,11 +20,188 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use allot_core::addr::{IpFamily, addr_to_u128, u128_to_addr};
-use allot_core::block::BLOCK_HOST_BITS;
+use allot_core::block::{BLOCK_HOST_BITS, block_of};
 use allot_core::store::{Attachment, Claim, PodRef, Taken};
+use allot_k8s::{BlockClaim, IPBlock, IPBlockSpec};
 use ipnet::IpNet;
+use kube::api::ObjectMeta;
 
-use super::mirror::{Block, Kept};
+/// What others put in an IPBlock's metadata (a GitOps tool's labels and annotations, the
+/// garbage collector's `foregroundDeletion` finalizer, owner references): kept as read and
+/// written back with every replace, which would drop them otherwise. `None` when the block
+/// carries nothing but allot's own label, as nearly every block does.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Kept {
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+    finalizers: Vec<String>,
+    owner_references: Vec<allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+}
+
+// Every field compares structurally (`OwnerReference` only lacks the derive).
+impl Eq for Kept {}
+
+impl Kept {
+    fn of(meta: &ObjectMeta) -> Option<Box<Kept>> {
+        let mut labels = meta.labels.clone().unwrap_or_default();
+        if labels.get(MANAGED_BY).map(String::as_str) == Some("allot") {
+            labels.remove(MANAGED_BY);
+        }
+        let kept = Kept {
+            labels,
+            annotations: meta.annotations.clone().unwrap_or_default(),
+            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            owner_references: meta.owner_references.clone().unwrap_or_default(),
+        };
+        (kept != Kept::default()).then(|| Box::new(kept))
+    }
+}
+
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// One IPBlock, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Block {
+    pub name: String,
+    pub cidr: IpNet,
+    pub node: Option<String>,
+    /// The resourceVersion this copy was read at; `None` for a block not created yet.
+    pub version: Option<String>,
+    /// Metadata others set, written back as it was read.
+    pub kept: Option<Box<Kept>>,
+    pub claims: BTreeMap<IpAddr, Claim>,
+    /// Released addresses cooling down, with when (unix seconds). At most one entry per
+    /// address of the block, so a block never grows past 64 of each.
+    pub released: BTreeMap<IpAddr, u64>,
+}
+
+impl Block {
+    pub fn empty(name: String, cidr: IpNet, node: Option<String>) -> Block {
+        Block {
+            name,
+            cidr,
+            node,
+            version: None,
+            kept: None,
+            claims: BTreeMap::new(),
+            released: BTreeMap::new(),
+        }
+    }
+
+    /// Decodes an object. The name says which addresses the block holds (`spec.cidr` only
+    /// repeats it for people): an object whose name is not a block's name holds nothing, and
+    /// entries that are not addresses of the block (a hand edit) are skipped with a warning.
+    /// An address's claim lives only in the block named after it, so such an entry never held
+    /// anything, and skipping it frees nothing.
+    pub fn from_object(object: &IPBlock) -> Block {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let cidr = allot_core::block::block_named(&name);
+        if cidr.is_none() {
+            tracing::warn!(block = %name, "an IPBlock whose name is not a block's name holds nothing; ignoring it");
+        }
+        let mut block = Block::empty(
+            name.clone(),
+            cidr.unwrap_or_else(|| block_of(IpAddr::from([0, 0, 0, 0]))),
+            object.spec.node.clone(),
+        );
+        block.version = object.metadata.resource_version.clone();
+        block.kept = Kept::of(&object.metadata);
+        let belongs = |text: &str| -> Option<IpAddr> {
+            let address: IpAddr = text.parse().ok()?;
+            (cidr.is_some() && block_of(address) == block.cidr).then_some(address)
+        };
+        for (text, c) in &object.spec.claims {
+            match belongs(text) {
+                Some(address) => {
+                    block.claims.insert(address, claim_of(address, c));
+                }
+                None => tracing::warn!(
+                    block = %name,
+                    entry = %text,
+                    "IPBlock holds a claim that is not one of its addresses; ignoring it"
+                ),
+            }
+        }
+        for (text, at) in &object.spec.released {
+            if let Some(address) = belongs(text) {
+                block.released.insert(address, *at);
+            }
+        }
+        block
+    }
+
+    pub fn to_object(&self) -> IPBlock {
+        let kept = self.kept.as_deref().cloned().unwrap_or_default();
+        let mut labels = kept.labels;
+        labels.insert(MANAGED_BY.to_string(), "allot".to_string());
+        IPBlock {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                resource_version: self.version.clone(),
+                labels: Some(labels),
+                annotations: (!kept.annotations.is_empty()).then_some(kept.annotations),
+                finalizers: (!kept.finalizers.is_empty()).then_some(kept.finalizers),
+                owner_references: (!kept.owner_references.is_empty())
+                    .then_some(kept.owner_references),
+                ..ObjectMeta::default()
+            },
+            spec: IPBlockSpec {
+                cidr: self.cidr.to_string(),
+                node: self.node.clone(),
+                claims: self
+                    .claims
+                    .iter()
+                    .map(|(a, c)| (a.to_string(), block_claim_of(c)))
+                    .collect(),
+                released: self
+                    .released
+                    .iter()
+                    .map(|(a, t)| (a.to_string(), *t))
+                    .collect(),
+            },
+        }
+    }
+}
+
+fn claim_of(address: IpAddr, c: &BlockClaim) -> Claim {
+    Claim {
+        address,
+        pool: c.pool.clone(),
+        network: c.network.clone(),
+        attachment: match (&c.container_id, &c.interface) {
+            (Some(container_id), Some(interface)) => Some(Attachment {
+                container_id: container_id.clone(),
+                interface: interface.clone(),
+            }),
+            _ => None,
+        },
+        pod: PodRef {
+            namespace: c.namespace.clone(),
+            name: c.pod.clone(),
+            uid: c.uid.clone(),
+            owner_kind: c.owner_kind.clone(),
+            owner_name: c.owner_name.clone(),
+        },
+        node: c.node.clone(),
+        updated_at: c.updated_at,
+    }
+}
+
+fn block_claim_of(c: &Claim) -> BlockClaim {
+    BlockClaim {
+        pool: c.pool.clone(),
+        network: c.network.clone(),
+        container_id: c.attachment.as_ref().map(|a| a.container_id.clone()),
+        interface: c.attachment.as_ref().map(|a| a.interface.clone()),
+        namespace: c.pod.namespace.clone(),
+        pod: c.pod.name.clone(),
+        uid: c.pod.uid.clone(),
+        owner_kind: c.pod.owner_kind.clone(),
+        owner_name: c.pod.owner_name.clone(),
+        node: c.node.clone(),
+        updated_at: c.updated_at,
+    }
+}
 
 /// A word's number in [`Words`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -386,9 +567,12 @@ impl Stored {
 }
 
 /// An index key: a hash (lookups check the claims they find, so a collision costs a look, never
-/// a wrong answer).
+/// a wrong answer). std's SipHash with fixed keys: the same in every process of one build.
 pub(super) fn key(value: &impl std::hash::Hash) -> u64 {
-    allot_core::engine::seed_of(value)
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
 }
 
 pub(super) fn attachment_key(a: &Attachment) -> u64 {

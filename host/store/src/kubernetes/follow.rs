@@ -9,7 +9,7 @@ use futures::{StreamExt, TryStreamExt};
 use kube::api::{WatchEvent, WatchParams};
 
 use super::Backend;
-use super::mirror::Block;
+use super::compact::Block;
 
 /// Backoff between failed attempts to watch: doubled from the first to the last, with jitter.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));

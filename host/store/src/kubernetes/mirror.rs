@@ -17,12 +17,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Mutex, MutexGuard};
 
 use allot_core::block::block_of;
-use allot_core::store::{Attachment, Change, ChangeKind, Changes, Claim, PodRef, Snapshot, Taken};
-use allot_k8s::{BlockClaim, IPBlock, IPBlockSpec};
+use allot_core::store::{Attachment, Change, ChangeKind, Changes, Claim, Snapshot, Taken};
 
-use super::compact::{Stored, Word, Words, attachment_key, pod_key, slot_of};
-use ipnet::IpNet;
-use kube::api::ObjectMeta;
+use super::compact::{Block, Stored, Word, Words, attachment_key, pod_key, slot_of};
 
 /// Changes kept in memory; a reader further behind resyncs from a snapshot.
 const LOG_LIMIT: usize = 100_000;
@@ -35,183 +32,6 @@ pub(super) fn end_of(rv: u64) -> u64 {
 /// A resourceVersion as a number, where it is one.
 pub(super) fn rv_number(version: &str) -> Option<u64> {
     version.parse().ok()
-}
-
-/// What others put in an IPBlock's metadata (a GitOps tool's labels and annotations, the
-/// garbage collector's `foregroundDeletion` finalizer, owner references): kept as read and
-/// written back with every replace, which would drop them otherwise. `None` when the block
-/// carries nothing but allot's own label, as nearly every block does.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct Kept {
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
-    finalizers: Vec<String>,
-    owner_references: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
-}
-
-// Every field compares structurally (`OwnerReference` only lacks the derive).
-impl Eq for Kept {}
-
-impl Kept {
-    fn of(meta: &ObjectMeta) -> Option<Box<Kept>> {
-        let mut labels = meta.labels.clone().unwrap_or_default();
-        if labels.get(MANAGED_BY).map(String::as_str) == Some("allot") {
-            labels.remove(MANAGED_BY);
-        }
-        let kept = Kept {
-            labels,
-            annotations: meta.annotations.clone().unwrap_or_default(),
-            finalizers: meta.finalizers.clone().unwrap_or_default(),
-            owner_references: meta.owner_references.clone().unwrap_or_default(),
-        };
-        (kept != Kept::default()).then(|| Box::new(kept))
-    }
-}
-
-const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-
-/// One IPBlock, decoded.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Block {
-    pub name: String,
-    pub cidr: IpNet,
-    pub node: Option<String>,
-    /// The resourceVersion this copy was read at; `None` for a block not created yet.
-    pub version: Option<String>,
-    /// Metadata others set, written back as it was read.
-    pub kept: Option<Box<Kept>>,
-    pub claims: BTreeMap<IpAddr, Claim>,
-    /// Released addresses cooling down, with when (unix seconds). At most one entry per
-    /// address of the block, so a block never grows past 64 of each.
-    pub released: BTreeMap<IpAddr, u64>,
-}
-
-impl Block {
-    pub fn empty(name: String, cidr: IpNet, node: Option<String>) -> Block {
-        Block {
-            name,
-            cidr,
-            node,
-            version: None,
-            kept: None,
-            claims: BTreeMap::new(),
-            released: BTreeMap::new(),
-        }
-    }
-
-    /// Decodes an object. The name says which addresses the block holds (`spec.cidr` only
-    /// repeats it for people): an object whose name is not a block's name holds nothing, and
-    /// entries that are not addresses of the block (a hand edit) are skipped with a warning.
-    /// An address's claim lives only in the block named after it, so such an entry never held
-    /// anything, and skipping it frees nothing.
-    pub fn from_object(object: &IPBlock) -> Block {
-        let name = object.metadata.name.clone().unwrap_or_default();
-        let cidr = allot_core::block::block_named(&name);
-        if cidr.is_none() {
-            tracing::warn!(block = %name, "an IPBlock whose name is not a block's name holds nothing; ignoring it");
-        }
-        let mut block = Block::empty(
-            name.clone(),
-            cidr.unwrap_or_else(|| block_of(IpAddr::from([0, 0, 0, 0]))),
-            object.spec.node.clone(),
-        );
-        block.version = object.metadata.resource_version.clone();
-        block.kept = Kept::of(&object.metadata);
-        let belongs = |text: &str| -> Option<IpAddr> {
-            let address: IpAddr = text.parse().ok()?;
-            (cidr.is_some() && block_of(address) == block.cidr).then_some(address)
-        };
-        for (text, c) in &object.spec.claims {
-            match belongs(text) {
-                Some(address) => {
-                    block.claims.insert(address, claim_of(address, c));
-                }
-                None => tracing::warn!(
-                    block = %name,
-                    entry = %text,
-                    "IPBlock holds a claim that is not one of its addresses; ignoring it"
-                ),
-            }
-        }
-        for (text, at) in &object.spec.released {
-            if let Some(address) = belongs(text) {
-                block.released.insert(address, *at);
-            }
-        }
-        block
-    }
-
-    pub fn to_object(&self) -> IPBlock {
-        let kept = self.kept.as_deref().cloned().unwrap_or_default();
-        let mut labels = kept.labels;
-        labels.insert(MANAGED_BY.to_string(), "allot".to_string());
-        IPBlock {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                resource_version: self.version.clone(),
-                labels: Some(labels),
-                annotations: (!kept.annotations.is_empty()).then_some(kept.annotations),
-                finalizers: (!kept.finalizers.is_empty()).then_some(kept.finalizers),
-                owner_references: (!kept.owner_references.is_empty())
-                    .then_some(kept.owner_references),
-                ..ObjectMeta::default()
-            },
-            spec: IPBlockSpec {
-                cidr: self.cidr.to_string(),
-                node: self.node.clone(),
-                claims: self
-                    .claims
-                    .iter()
-                    .map(|(a, c)| (a.to_string(), block_claim_of(c)))
-                    .collect(),
-                released: self
-                    .released
-                    .iter()
-                    .map(|(a, t)| (a.to_string(), *t))
-                    .collect(),
-            },
-        }
-    }
-}
-
-fn claim_of(address: IpAddr, c: &BlockClaim) -> Claim {
-    Claim {
-        address,
-        pool: c.pool.clone(),
-        network: c.network.clone(),
-        attachment: match (&c.container_id, &c.interface) {
-            (Some(container_id), Some(interface)) => Some(Attachment {
-                container_id: container_id.clone(),
-                interface: interface.clone(),
-            }),
-            _ => None,
-        },
-        pod: PodRef {
-            namespace: c.namespace.clone(),
-            name: c.pod.clone(),
-            uid: c.uid.clone(),
-            owner_kind: c.owner_kind.clone(),
-            owner_name: c.owner_name.clone(),
-        },
-        node: c.node.clone(),
-        updated_at: c.updated_at,
-    }
-}
-
-fn block_claim_of(c: &Claim) -> BlockClaim {
-    BlockClaim {
-        pool: c.pool.clone(),
-        network: c.network.clone(),
-        container_id: c.attachment.as_ref().map(|a| a.container_id.clone()),
-        interface: c.attachment.as_ref().map(|a| a.interface.clone()),
-        namespace: c.pod.namespace.clone(),
-        pod: c.pod.name.clone(),
-        uid: c.pod.uid.clone(),
-        owner_kind: c.pod.owner_kind.clone(),
-        owner_name: c.pod.owner_name.clone(),
-        node: c.node.clone(),
-        updated_at: c.updated_at,
-    }
 }
 
 #[derive(Default)]
@@ -600,6 +420,9 @@ impl MirrorState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use allot_core::store::PodRef;
+    use allot_k8s::IPBlock;
+    use ipnet::IpNet;
 
     fn block_with(cidr: &str, version: &str, pods: &[(&str, &str)]) -> Block {
         let cidr: IpNet = cidr.parse().unwrap();

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use allot_core::block::{block_name, block_of};
 use allot_core::store::{Attachment, Claim, PodRef, Reattach, StoreError, unchanged};
 
-use super::mirror::Block;
+use super::compact::Block;
 use super::{Backend, LIST_PAGE, request};
 
 /// After losing write `lost` (0-based) of a block to other writers, waits a random moment of up

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use allot_cluster_tests::Suite;
+use allot_k8s::openapi::api::apps::v1::Deployment;
+use allot_k8s::openapi::api::core::v1::{Node, Pod};
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;

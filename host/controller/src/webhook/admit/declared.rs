@@ -17,12 +17,12 @@ use std::collections::BTreeMap;
 
 use allot_core::declared::{Against, Barred, For, refusals};
 use allot_core::{IpFamily, Pool, Reserved};
+use allot_k8s::openapi::api::apps::v1::StatefulSet;
+use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use allot_k8s::{IPPool, ReservedIP};
 use allot_policy_sdk::annotations::{self, Selection};
 use allot_policy_sdk::types::Label;
 use allot_policy_sdk::{addresses, wildcard};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use kube::core::admission::AdmissionRequest;
 
