@@ -227,7 +227,7 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             ready.set(true);
-            tracing::info!("index listed: ready");
+            tracing::info!("index listed and the webhook certificate served: ready");
         })
     };
 
