@@ -74,19 +74,20 @@ impl Index {
     fn put_allot(&mut self, kind: ObjectKind, object: &DynamicObject) -> bool {
         let key = (kind, object.metadata.name.clone().unwrap_or_default());
         let document = document(kind, object);
-        if self.allot_documents.get(&key) == Some(&document) {
+        if self
+            .allot
+            .get(&key)
+            .is_some_and(|(_, seen)| *seen == document)
+        {
             return false;
         }
-        self.allot
-            .insert(key.clone(), observe_document(kind, &key.1, &document));
-        self.allot_documents.insert(key, document);
+        let observed = observe_document(kind, &key.1, &document);
+        self.allot.insert(key, (observed, document));
         true
     }
 
     fn remove_allot(&mut self, kind: ObjectKind, name: String) -> bool {
-        let key = (kind, name);
-        self.allot_documents.remove(&key);
-        self.allot.remove(&key).is_some()
+        self.allot.remove(&(kind, name)).is_some()
     }
 }
 

@@ -117,10 +117,9 @@ pub struct Index {
     pub(crate) replicasets: HashMap<Key, Option<Owner>>,
     pub(crate) jobs: HashMap<Key, Option<Owner>>,
     pub(crate) statefulsets: HashMap<Key, u32>,
-    pub(crate) allot: BTreeMap<(ObjectKind, String), Observed>,
-    /// The document each of `allot` was observed from: an event that changes none of it (a
-    /// status write, a relist) changes nothing the agent serves.
-    pub(crate) allot_documents: HashMap<(ObjectKind, String), serde_json::Value>,
+    /// Each object as core observed it, with the document it was observed from: an event that
+    /// changes none of the document (a status write, a relist) changes nothing the agent serves.
+    pub(crate) allot: BTreeMap<(ObjectKind, String), (Observed, serde_json::Value)>,
     pub(crate) synced: BTreeSet<Kind>,
     /// Bumped by every change of what an IPPool, Subnet or ReservedIP says (not its status).
     allot_generation: u64,
@@ -199,7 +198,7 @@ impl Index {
         Some((
             self.allot_generation,
             Observation {
-                objects: self.allot.values().cloned().collect(),
+                objects: self.allot.values().map(|(o, _)| o.clone()).collect(),
                 incomplete: Default::default(),
             },
         ))
@@ -209,7 +208,7 @@ impl Index {
     pub fn valid_pools(&self) -> Vec<String> {
         self.allot
             .iter()
-            .filter(|(_, o)| matches!(o.object, Ok(Object::Pool(_))))
+            .filter(|(_, (o, _))| matches!(o.object, Ok(Object::Pool(_))))
             .map(|((_, name), _)| name.clone())
             .collect()
     }
