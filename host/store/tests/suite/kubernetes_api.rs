@@ -328,7 +328,7 @@ fn forbidden_writes_name_the_missing_rbac_verb() {
         },
     );
     match result {
-        Err(StoreError::Backend(m)) => {
+        Err(StoreError::Backend { message: m, .. }) => {
             assert!(m.contains("cannot create resource \"ipblocks\""), "{m}");
             assert!(
                 m.contains("needs get, list, watch, create and update on ipblocks.allot.dev"),

@@ -27,7 +27,7 @@ const T0: u64 = 1_700_000_000;
 
 fn backend_error<T: std::fmt::Debug>(r: Result<T, StoreError>) -> String {
     match r {
-        Err(StoreError::Backend(msg)) => msg,
+        Err(StoreError::Backend { message, .. }) => message,
         other => panic!("expected a backend error, got {other:?}"),
     }
 }
@@ -526,7 +526,7 @@ fn a_corrupt_database_is_a_clear_error() {
     std::fs::write(&db, bytes).unwrap();
 
     let msg = match SqliteStore::open(&db) {
-        Err(StoreError::Backend(msg)) => msg,
+        Err(StoreError::Backend { message, .. }) => message,
         Err(other) => panic!("expected a backend error, got {other}"),
         Ok(store) => backend_error(store.all()),
     };
