@@ -102,7 +102,11 @@ impl Snapshot {
         Snapshot {
             workloads,
             refs,
-            subnets: index.subnets(),
+            subnets: index
+                .subnets()
+                .into_iter()
+                .map(|(name, subnet)| (name, subnet.map_err(|e| e.to_string())))
+                .collect(),
             pools,
             reserved: [index.reserved(IpFamily::V4), index.reserved(IpFamily::V6)],
             followed_kinds: index.followed_kinds(),
