@@ -280,7 +280,7 @@ impl Blocking {
             let outcome = tokio::time::timeout(budget, work)
                 .await
                 .unwrap_or_else(|_| {
-                    Err(StoreError::Unavailable(format!(
+                    Err(StoreError::unavailable(format!(
                         "{peer} did not answer within {budget:?}; is it running and reachable?"
                     )))
                 });

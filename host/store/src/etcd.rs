@@ -275,16 +275,20 @@ fn etcd_error(endpoints: &str, e: etcd_client::Error) -> StoreError {
             | Code::Cancelled
             | Code::Aborted
             | Code::ResourceExhausted
-            | Code::Unknown => StoreError::Unavailable(format!(
-                "etcd {endpoints}: {} (retrying later may succeed)",
-                s.message()
-            )),
+            | Code::Unknown => StoreError::unavailable_caused(
+                format!(
+                    "etcd {endpoints}: {} (retrying later may succeed)",
+                    s.message()
+                ),
+                s,
+            ),
             _ => StoreError::backend_caused(format!("etcd {endpoints}: {}", s.message()), s),
         },
-        E::TransportError(e) => StoreError::Unavailable(format!(
-            "etcd {endpoints} is unreachable: {e}; is it running?"
-        )),
-        E::IoError(e) => StoreError::Unavailable(format!("etcd {endpoints}: {e}")),
+        E::TransportError(e) => StoreError::unavailable_caused(
+            format!("etcd {endpoints} is unreachable: {e}; is it running?"),
+            e,
+        ),
+        E::IoError(e) => StoreError::unavailable_caused(format!("etcd {endpoints}: {e}"), e),
         other => StoreError::backend_caused(format!("etcd {endpoints}: {other}"), other),
     }
 }

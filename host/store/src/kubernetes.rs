@@ -244,16 +244,16 @@ fn api_error(what: &str, e: kube::Error) -> StoreError {
             )
         }
         kube::Error::Api(s) if s.code == 429 || s.code >= 500 => {
-            return StoreError::Unavailable(format!(
+            let message = format!(
                 "{what}: the API server answered {} {} ({}); retrying later may succeed",
                 s.code, s.reason, s.message
-            ));
+            );
+            return StoreError::unavailable_caused(message, e);
         }
         kube::Error::Api(s) => format!("{what}: {} {}: {}", s.code, s.reason, s.message),
         other => {
-            return StoreError::Unavailable(format!(
-                "{what}: {other}; is the API server reachable?"
-            ));
+            let message = format!("{what}: {other}; is the API server reachable?");
+            return StoreError::unavailable_caused(message, e);
         }
     };
     StoreError::backend_caused(message, e)
@@ -275,7 +275,7 @@ async fn attempt<T>(
     tokio::time::timeout(REQUEST_TIMEOUT, call)
         .await
         .map_err(|_| {
-            StoreError::Unavailable(format!(
+            StoreError::unavailable(format!(
                 "{what}: the API server did not answer within {REQUEST_TIMEOUT:?}"
             ))
         })

@@ -5,8 +5,8 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-/// The error underneath a [`StoreError::Backend`]: SQLite's, etcd's, the API server's, an I/O
-/// error. Shared, so that [`StoreError`] stays `Clone` (the engine hands one error to every
+/// The error underneath a [`StoreError::Backend`] or [`StoreError::Unavailable`]: SQLite's,
+/// etcd's, the API server's, an I/O error. Shared, so that [`StoreError`] stays `Clone` (the engine hands one error to every
 /// waiter of a batch); a trait object, so that core names no backend's crate.
 pub type Cause = Arc<dyn Error + Send + Sync + 'static>;
 
@@ -17,8 +17,11 @@ pub enum StoreError {
     /// The claim changed under us (released or re-attached by someone else). Nothing was written.
     Stale(IpAddr),
     /// The backend is busy or unreachable for now (a held lock, a lost connection): retrying
-    /// later may succeed. Nothing was written.
-    Unavailable(String),
+    /// later may succeed. Nothing was written. `source` as for [`StoreError::Backend`].
+    Unavailable {
+        message: String,
+        source: Option<Cause>,
+    },
     /// The backend failed; the message says what and, where it can, what to do. `source` is the
     /// error underneath, when there is one: callers that must tell causes apart downcast
     /// [`Error::source`] (it is the cause itself, not a wrapper). The message already says the
@@ -30,6 +33,26 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The backend busy or unreachable, with no error underneath (a timeout of allot's own, a
+    /// write lost to other writers).
+    pub fn unavailable(message: impl Into<String>) -> StoreError {
+        StoreError::Unavailable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The backend busy or unreachable, as `source` says; `message` quotes it, as users read it.
+    pub fn unavailable_caused(
+        message: impl Into<String>,
+        source: impl Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::Unavailable {
+            message: message.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
     /// A backend failure with no error underneath (a check of the backend's own).
     pub fn backend(message: impl Into<String>) -> StoreError {
         StoreError::Backend {
@@ -56,7 +79,7 @@ impl fmt::Display for StoreError {
         match self {
             StoreError::Conflict(address) => write!(f, "address {address} is already claimed"),
             StoreError::Stale(address) => write!(f, "claim for {address} changed concurrently"),
-            StoreError::Unavailable(why) => write!(f, "store unavailable: {why}"),
+            StoreError::Unavailable { message, .. } => write!(f, "store unavailable: {message}"),
             StoreError::Backend { message, .. } => write!(f, "store: {message}"),
         }
     }
@@ -67,7 +90,11 @@ impl fmt::Display for StoreError {
 impl Error for StoreError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
-            StoreError::Backend {
+            StoreError::Unavailable {
+                source: Some(cause),
+                ..
+            }
+            | StoreError::Backend {
                 source: Some(cause),
                 ..
             } => Some(&**cause),
@@ -84,8 +111,8 @@ impl PartialEq for StoreError {
         use StoreError::*;
         match (self, other) {
             (Conflict(a), Conflict(b)) | (Stale(a), Stale(b)) => a == b,
-            (Unavailable(a), Unavailable(b)) => a == b,
-            (Backend { message: a, .. }, Backend { message: b, .. }) => a == b,
+            (Unavailable { message: a, .. }, Unavailable { message: b, .. })
+            | (Backend { message: a, .. }, Backend { message: b, .. }) => a == b,
             _ => false,
         }
     }
@@ -127,6 +154,10 @@ mod tests {
         assert_eq!(e.clone(), StoreError::backend(format!("row 7: {cause}")));
         assert_ne!(e, StoreError::backend("row 8"));
         assert!(StoreError::backend("no cause").source().is_none());
+        let busy = StoreError::unavailable_caused("locked: x", "x".parse::<u8>().unwrap_err());
+        assert_eq!(busy.to_string(), "store unavailable: locked: x");
+        assert!(busy.source().is_some());
+        assert_ne!(busy, StoreError::backend("locked: x"));
     }
 
     #[derive(Debug)]

@@ -344,7 +344,7 @@ impl Backend {
             }
             reads = self.read_existing(&changed).await?;
         }
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::unavailable(format!(
             "claims kept changing while being {what}; retry"
         )))
     }

@@ -266,7 +266,7 @@ pub(crate) fn describe(
     match e.sqlite_error_code() {
         // Someone else's transaction: retrying later may well succeed.
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-            StoreError::Unavailable(message)
+            StoreError::unavailable_caused(message, e)
         }
         _ => StoreError::backend_caused(message, e),
     }

@@ -355,7 +355,7 @@ fn lock_held_too_long_is_a_clear_error() {
     let a = attachment("c1", "eth0");
     // A held lock is worth retrying (the plugin reports "try again later"), not a failure.
     let msg = match store.claim(&[claim("10.0.0.1", "p", Some(&a), &pod("ns", "p", "u"), T0)]) {
-        Err(StoreError::Unavailable(msg)) => msg,
+        Err(StoreError::Unavailable { message, .. }) => message,
         other => panic!("expected Unavailable, got {other:?}"),
     };
     assert!(msg.contains(&db.display().to_string()), "{msg}");
