@@ -20,9 +20,8 @@ fn main() -> ExitCode {
     match allot_agent::run::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let e = allot_core::store::report(e.as_ref());
-            tracing::error!("{e}");
-            eprintln!("allot-agent: {e}");
+            tracing::error!("{e:#}");
+            eprintln!("allot-agent: {e:#}");
             ExitCode::FAILURE
         }
     }

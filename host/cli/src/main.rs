@@ -184,7 +184,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("allotctl: {}", allot_core::store::report(e.as_ref()));
+            eprintln!("allotctl: {e:#}");
             ExitCode::from(2)
         }
     }

@@ -149,19 +149,6 @@ pub struct PoolEntry {
     pub addresses: Option<AddrSet>,
 }
 
-/// Why a Subnet cannot be carved from.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SubnetError {
-    #[error("it is being deleted")]
-    Deleting,
-    /// The object is some other kind (the Subnet watch never delivers one).
-    #[error("not a Subnet")]
-    NotASubnet,
-    /// It fails core's checks, which say why.
-    #[error("{0}")]
-    Invalid(String),
-}
-
 /// What decides a new pass: the spec, labels and deletion of an allot object.
 type Fingerprint = (Value, BTreeMap<String, String>, bool);
 
@@ -170,7 +157,7 @@ type Fingerprint = (Value, BTreeMap<String, String>, bool);
 pub struct WorkloadIndex {
     workloads: BTreeMap<WorkloadKey, WorkloadEntry>,
     pools: BTreeMap<String, (PoolEntry, Fingerprint)>,
-    subnets: BTreeMap<String, (Result<Subnet, SubnetError>, Fingerprint)>,
+    subnets: BTreeMap<String, (Result<Subnet, String>, Fingerprint)>,
     reserved: BTreeMap<String, (Option<Reserved>, Fingerprint)>,
     synced: BTreeSet<WorkloadKind>,
     /// Namespaces' labels, by name (listed or not: [`WorkloadIndex::namespace_labels`]).
@@ -287,7 +274,7 @@ impl WorkloadIndex {
     }
 
     /// Every Subnet by name: checked, or why it cannot be carved from (invalid, being deleted).
-    pub fn subnets(&self) -> BTreeMap<String, Result<Subnet, SubnetError>> {
+    pub fn subnets(&self) -> BTreeMap<String, Result<Subnet, String>> {
         self.subnets
             .iter()
             .map(|(name, (s, _))| (name.clone(), s.clone()))
@@ -519,14 +506,14 @@ fn pool_entry(o: &DynamicObject) -> PoolEntry {
     }
 }
 
-fn subnet_entry(o: &DynamicObject) -> Result<Subnet, SubnetError> {
+fn subnet_entry(o: &DynamicObject) -> Result<Subnet, String> {
     if o.metadata.deletion_timestamp.is_some() {
-        return Err(SubnetError::Deleting);
+        return Err("it is being deleted".into());
     }
     match observe(ObjectKind::Subnet, o).object {
         Ok(Object::Subnet(s)) => Ok(*s),
-        Ok(_) => Err(SubnetError::NotASubnet),
-        Err(invalid) => Err(SubnetError::Invalid(invalid.error)),
+        Ok(_) => Err("not a Subnet".into()),
+        Err(invalid) => Err(invalid.error),
     }
 }
 

@@ -243,9 +243,7 @@ impl Blocking {
             .thread_name(thread)
             .enable_all()
             .build()
-            .map_err(|e| {
-                StoreError::backend_caused(format!("cannot start the {peer} client: {e}"), e)
-            })?;
+            .map_err(|e| StoreError::Backend(format!("cannot start the {peer} client: {e}")))?;
         Ok(Blocking {
             runtime: Some(runtime),
             peer: peer.to_string(),
@@ -280,7 +278,7 @@ impl Blocking {
             let outcome = tokio::time::timeout(budget, work)
                 .await
                 .unwrap_or_else(|_| {
-                    Err(StoreError::unavailable(format!(
+                    Err(StoreError::Unavailable(format!(
                         "{peer} did not answer within {budget:?}; is it running and reachable?"
                     )))
                 });
@@ -290,7 +288,7 @@ impl Blocking {
         // never yields again (a bug), so that no agent thread waits forever.
         rx.recv_timeout(self.timeout + Duration::from_secs(1))
             .unwrap_or_else(|e| {
-                Err(StoreError::backend(format!(
+                Err(StoreError::Backend(format!(
                     "the {} client {}; restart the agent if this repeats",
                     self.peer,
                     match e {

@@ -141,30 +141,24 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client
     let client_config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                StoreError::backend_caused(
-                    format!("cannot read the kubeconfig {}: {e}", path.display()),
-                    e,
-                )
+                StoreError::Backend(format!(
+                    "cannot read the kubeconfig {}: {e}",
+                    path.display()
+                ))
             })?;
             kube::Config::from_custom_kubeconfig(file, &Default::default())
                 .await
-                .map_err(|e| {
-                    StoreError::backend_caused(format!("kubeconfig {}: {e}", path.display()), e)
-                })?
+                .map_err(|e| StoreError::Backend(format!("kubeconfig {}: {e}", path.display())))?
         }
         None => kube::Config::infer().await.map_err(|e| {
-            StoreError::backend_caused(
-                format!(
-                    "no Kubernetes configuration found ({e}); run inside a pod with a \
-                     ServiceAccount, or pass --kubeconfig"
-                ),
-                e,
-            )
+            StoreError::Backend(format!(
+                "no Kubernetes configuration found ({e}); run inside a pod with a \
+                 ServiceAccount, or pass --kubeconfig"
+            ))
         })?,
     };
-    kube::Client::try_from(client_config).map_err(|e| {
-        StoreError::backend_caused(format!("cannot build the Kubernetes client: {e}"), e)
-    })
+    kube::Client::try_from(client_config)
+        .map_err(|e| StoreError::Backend(format!("cannot build the Kubernetes client: {e}")))
 }
 
 impl KubeStore {
@@ -226,37 +220,32 @@ impl KubeStore {
 
 /// What a Kubernetes API error means for a store call, and what to do about it.
 fn api_error(what: &str, e: kube::Error) -> StoreError {
-    let message = match &e {
-        kube::Error::Api(s) if s.code == 403 => format!(
+    match e {
+        kube::Error::Api(s) if s.code == 403 => StoreError::Backend(format!(
             "{what}: {}. The agent's ServiceAccount needs get, list, watch, create and update \
              on ipblocks.allot.dev (the Helm chart's ClusterRole grants them)",
             s.message
-        ),
-        kube::Error::Api(s) if s.code == 401 => format!(
+        )),
+        kube::Error::Api(s) if s.code == 401 => StoreError::Backend(format!(
             "{what}: the API server does not accept this client's credentials ({}); check the \
              kubeconfig or the ServiceAccount token",
             s.message
-        ),
+        )),
         kube::Error::Api(s) if s.code == 404 && s.message.contains("the server could not find") => {
-            format!(
+            StoreError::Backend(format!(
                 "{what}: the API server does not serve ipblocks.allot.dev; install allot's \
                  CRDs (kubectl apply -f crds/)"
-            )
+            ))
         }
-        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => {
-            let message = format!(
-                "{what}: the API server answered {} {} ({}); retrying later may succeed",
-                s.code, s.reason, s.message
-            );
-            return StoreError::unavailable_caused(message, e);
+        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => StoreError::Unavailable(format!(
+            "{what}: the API server answered {} {} ({}); retrying later may succeed",
+            s.code, s.reason, s.message
+        )),
+        kube::Error::Api(s) => {
+            StoreError::Backend(format!("{what}: {} {}: {}", s.code, s.reason, s.message))
         }
-        kube::Error::Api(s) => format!("{what}: {} {}: {}", s.code, s.reason, s.message),
-        other => {
-            let message = format!("{what}: {other}; is the API server reachable?");
-            return StoreError::unavailable_caused(message, e);
-        }
-    };
-    StoreError::backend_caused(message, e)
+        other => StoreError::Unavailable(format!("{what}: {other}; is the API server reachable?")),
+    }
 }
 
 /// Runs one API request within [`REQUEST_TIMEOUT`].
@@ -275,7 +264,7 @@ async fn attempt<T>(
     tokio::time::timeout(REQUEST_TIMEOUT, call)
         .await
         .map_err(|_| {
-            StoreError::unavailable(format!(
+            StoreError::Unavailable(format!(
                 "{what}: the API server did not answer within {REQUEST_TIMEOUT:?}"
             ))
         })

@@ -120,7 +120,7 @@ impl StoreOptions {
     pub fn open(&self, default_file: &std::path::Path) -> Result<OpenedStore, StoreError> {
         if let Some(config) = self
             .etcd()
-            .map_err(|e| StoreError::backend_caused(e.to_string(), e))?
+            .map_err(|e| StoreError::Backend(e.to_string()))?
         {
             return Ok(OpenedStore::Etcd(Arc::new(EtcdStore::connect(&config)?)));
         }
@@ -133,13 +133,14 @@ impl StoreOptions {
             )?)));
         }
         if self.kubeconfig.is_some() {
-            return Err(StoreError::backend(
-                "--kubeconfig needs --store kubernetes (allotctl) or --kubernetes (allot-agent)",
+            return Err(StoreError::Backend(
+                "--kubeconfig needs --store kubernetes (allotctl) or --kubernetes (allot-agent)"
+                    .into(),
             ));
         }
         let file = match self.store.as_deref() {
             Some(s) if s.contains("://") => {
-                return Err(StoreError::backend(format!(
+                return Err(StoreError::Backend(format!(
                     "--store {s:?}: allot stores claims in etcd (etcd://HOST:PORT), in a \
                      cluster's IPBlocks (kubernetes) or in a SQLite file (a path)"
                 )));

@@ -5,30 +5,10 @@
 use std::collections::BTreeMap;
 
 use allot_core::IpFamily;
-use allot_core::autopool::{
-    AnnotationError, IP_NUMBER, IpNumber, RECLAIM, SubnetWant, Wants, parse_reclaim,
-};
+use allot_core::autopool::{IP_NUMBER, IpNumber, RECLAIM, SubnetWant, Wants, parse_reclaim};
 use allot_policy_sdk::annotations::{self, Selection};
-use allot_policy_sdk::types::{DecisionError, Label};
+use allot_policy_sdk::types::Label;
 use allot_policy_sdk::wildcard;
-
-/// Why a workload's annotations ask for no auto pools that can be made.
-#[derive(Debug, thiserror::Error)]
-pub enum WantsError {
-    /// `ippool-reclaim` or `ippool-ip-number` cannot be read (the error names the key).
-    #[error("{0}")]
-    Annotation(#[source] AnnotationError),
-    /// `subnets` or `subnet` cannot be read: the policy SDK's parser says why, as it says it to
-    /// a pod's policy.
-    #[error("{}", .0.message)]
-    Subnets(#[source] DecisionError),
-    /// A Subnet named with a wildcard.
-    #[error(
-        "the Subnet name {name:?} is a pattern: auto pools are carved from Subnets named \
-         exactly; list each Subnet by name"
-    )]
-    Pattern { name: String },
-}
 
 /// The auto pools `annotations` ask for, or why they cannot be read. Each entry of `subnets`
 /// (or the single `subnet`) is one NIC of every pod; each Subnet it names for a family is one
@@ -38,7 +18,7 @@ pub enum WantsError {
 /// match IPPool names only, and a pattern here would carve one pool, sized for the whole
 /// workload, from every matching Subnet, and again from every Subnet created later that
 /// matches: address use nobody asked for.
-pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, WantsError> {
+pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, String> {
     let labels: Vec<Label> = annotations
         .iter()
         .map(|(k, v)| Label {
@@ -47,14 +27,14 @@ pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, WantsError
         })
         .collect();
     let reclaim = match annotations::find(&labels, RECLAIM) {
-        Some(found) => parse_reclaim(found.key, found.value).map_err(WantsError::Annotation)?,
+        Some(found) => parse_reclaim(found.key, found.value).map_err(|e| e.to_string())?,
         None => true,
     };
     let nics: Vec<Selection> = if let Some(found) = annotations::find(&labels, annotations::SUBNETS)
     {
-        annotations::selections(found).map_err(WantsError::Subnets)?
+        annotations::selections(found).map_err(|e| e.message)?
     } else if let Some(found) = annotations::find(&labels, annotations::SUBNET) {
-        vec![annotations::selection(found).map_err(WantsError::Subnets)?]
+        vec![annotations::selection(found).map_err(|e| e.message)?]
     } else {
         // No Subnet named (any more): the count does not matter, the reclaim choice does.
         return Ok(Wants {
@@ -64,7 +44,7 @@ pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, WantsError
         });
     };
     let ip_number = match annotations::find(&labels, IP_NUMBER) {
-        Some(found) => IpNumber::parse(found.key, found.value).map_err(WantsError::Annotation)?,
+        Some(found) => IpNumber::parse(found.key, found.value).map_err(|e| e.to_string())?,
         None => IpNumber::default(),
     };
     let mut counts: BTreeMap<(IpFamily, String), u64> = BTreeMap::new();
@@ -73,7 +53,10 @@ pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, WantsError
             let mut seen: Vec<&str> = Vec::new();
             for name in names {
                 if wildcard::is_pattern(name) {
-                    return Err(WantsError::Pattern { name: name.clone() });
+                    return Err(format!(
+                        "the Subnet name {name:?} is a pattern: auto pools are carved from \
+                         Subnets named exactly; list each Subnet by name"
+                    ));
                 }
                 if !seen.contains(&name.as_str()) {
                     seen.push(name);
@@ -184,17 +167,9 @@ mod tests {
                 "is a pattern",
             ),
         ] {
-            let err = wants(&anns(&pairs)).unwrap_err().to_string();
+            let err = wants(&anns(&pairs)).unwrap_err();
             assert!(err.contains(expected), "{err}");
         }
-        assert!(matches!(
-            wants(&anns(&[("ipam.allot.dev/subnet", r#"{"ipv4":["team-*"]}"#)])),
-            Err(WantsError::Pattern { name }) if name == "team-*"
-        ));
-        assert!(matches!(
-            wants(&anns(&[("ipam.allot.dev/ippool-reclaim", "nope")])),
-            Err(WantsError::Annotation(e)) if e.key == "ipam.allot.dev/ippool-reclaim"
-        ));
     }
 
     #[test]

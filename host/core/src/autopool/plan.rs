@@ -202,7 +202,7 @@ pub fn plan(inputs: &Inputs, claimed: &mut dyn FnMut(&AddrSet) -> AddrSet) -> Ve
                 reason,
             };
             if let Err(reason) = check_label_values(app, &want.subnet) {
-                actions.push(refuse(reason.to_string()));
+                actions.push(refuse(reason));
                 continue;
             }
             let subnet = match inputs.subnets.get(&want.subnet) {

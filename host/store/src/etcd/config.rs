@@ -111,9 +111,10 @@ impl EtcdStore {
             if resp.succeeded() {
                 Ok(())
             } else {
-                Err(StoreError::unavailable(
+                Err(StoreError::Unavailable(
                     "another apply changed these objects meanwhile; nothing was written: run \
-                     the apply again",
+                     the apply again"
+                        .into(),
                 ))
             }
         })

@@ -194,8 +194,8 @@ impl Backend {
             tokio::spawn(async move { me.write_queue(name, cidr).await });
         }
         let answer = answer.await.map_err(|_| {
-            StoreError::unavailable(
-                "the block's writer stopped before writing this change; try again",
+            StoreError::Unavailable(
+                "the block's writer stopped before writing this change; try again".to_string(),
             )
         })??;
         Ok(*answer
@@ -327,7 +327,7 @@ impl Backend {
                 Err(e) => return Err(super::api_error(&what, e)),
             }
         }
-        Err(StoreError::unavailable(format!(
+        Err(StoreError::Unavailable(format!(
             "IPBlock {name}: {MAX_ATTEMPTS} writes in a row lost to other writers; try again"
         )))
     }
