@@ -7,9 +7,6 @@ use std::sync::Arc;
 
 use crate::standalone;
 
-/// How a cluster-mode reload before the first lists of pools says why it installed nothing.
-pub(crate) const WAITING_FOR_LISTS: &str = "waiting for the first list of";
-
 /// Where pools, subnets and reserved addresses come from.
 #[derive(Clone)]
 pub enum Source {
@@ -41,30 +38,48 @@ impl Source {
         }
     }
 
-    pub fn load(&self) -> Result<allot_core::config::Observation, String> {
+    pub fn load(&self) -> Result<allot_core::config::Observation, LoadError> {
         match self {
-            Source::Dir(dir) => {
-                standalone::load(dir).map_err(|e| format!("reading {}: {e}", dir.display()))
-            }
+            Source::Dir(dir) => standalone::load(dir).map_err(|source| LoadError::Dir {
+                dir: dir.clone(),
+                source,
+            }),
             Source::Etcd(etcd) => etcd
                 .load_config()
                 .map(|(_, o)| o)
-                .map_err(|e| format!("reading pools from etcd: {e}")),
+                .map_err(|source| LoadError::Etcd { source }),
             Source::Cluster(index) => {
                 let index = index.read();
                 index.observation().map(|(_, o)| o).ok_or_else(|| {
-                    let waiting: Vec<&str> = index
+                    let kinds = index
                         .unsynced()
                         .into_iter()
                         .filter(|k| k.holds_pools())
                         .map(|k| k.as_str())
                         .collect();
-                    format!(
-                        "{WAITING_FOR_LISTS} {} from the Kubernetes API",
-                        waiting.join(", ")
-                    )
+                    LoadError::Waiting { kinds }
                 })
             }
         }
     }
+}
+
+/// Why [`Source::load`] read no pools.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("reading {}: {source}", dir.display())]
+    Dir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading pools from etcd: {source}")]
+    Etcd {
+        #[source]
+        source: allot_core::store::StoreError,
+    },
+    /// Cluster mode starting: the watches have not listed these kinds yet. Not a failure: the
+    /// reload that meets it logs it as news, not as an error.
+    #[error("waiting for the first list of {} from the Kubernetes API", kinds.join(", "))]
+    Waiting { kinds: Vec<&'static str> },
 }

@@ -20,8 +20,9 @@ fn main() -> ExitCode {
     match allot_agent::run::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("allot-agent: {e:#}");
+            let e = allot_core::store::report(e.as_ref());
+            tracing::error!("{e}");
+            eprintln!("allot-agent: {e}");
             ExitCode::FAILURE
         }
     }

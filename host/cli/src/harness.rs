@@ -516,4 +516,29 @@ expect:
                 .contains("unknown field `oder`")
         );
     }
+
+    #[test]
+    fn objects_that_make_no_inventory_say_which_and_why() {
+        use crate::scenario::InputsError;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.yaml");
+        std::fs::write(
+            &path,
+            "pools:\n  - kind: Subnet\n    metadata: {name: a}\n    spec: {subnet: 10.0.0.0/24}\n\
+             expect: {error: x}\n---\n\
+             pools:\n  - metadata: {name: b}\n    spec: {subnet: nope}\nexpect: {error: x}\n",
+        )
+        .unwrap();
+        let loaded = load_file(&path);
+        let inputs = |i: usize| loaded[i].scenario.as_ref().unwrap().inputs(1).err();
+        let wrong = inputs(0).expect("a Subnet among the pools");
+        assert!(matches!(&wrong, InputsError::WrongKind { kind, .. } if kind == "Subnet"));
+        assert_eq!(wrong.to_string(), "a is a Subnet where a IPPool belongs");
+        let invalid = inputs(1).expect("a pool whose subnet is no CIDR");
+        assert!(matches!(invalid, InputsError::Invalid(_)), "{invalid}");
+        assert!(
+            std::error::Error::source(&invalid).is_some(),
+            "the spec error is kept"
+        );
+    }
 }

@@ -184,7 +184,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("allotctl: {e:#}");
+            eprintln!("allotctl: {}", allot_core::store::report(e.as_ref()));
             ExitCode::from(2)
         }
     }

@@ -10,7 +10,7 @@ use allot_core::policy::{
 };
 use allot_core::pool::reserved_set;
 use allot_core::spec::{IpPoolSpec, ObjectMeta, ReservedIpSpec, RouteSpec, SubnetSpec};
-use allot_core::{IpFamily, Pool, Reserved, Subnet};
+use allot_core::{IpFamily, Pool, Reserved, SpecError, Subnet};
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Deserializer};
 
@@ -314,6 +314,23 @@ pub fn load_file(path: &Path) -> Vec<Loaded> {
         .collect()
 }
 
+/// Why a scenario's objects make no inventory.
+#[derive(Debug, thiserror::Error)]
+pub enum InputsError {
+    /// An object under the wrong list (`pools`, `subnets`, `reservedIPs`).
+    #[error("{name} is a {kind} where a {expected} belongs")]
+    WrongKind {
+        name: String,
+        kind: String,
+        expected: &'static str,
+    },
+    #[error("{name}: apiVersion {api_version} is not allot.dev/v1alpha1")]
+    WrongApiVersion { name: String, api_version: String },
+    /// An object that fails the checks the agent applies.
+    #[error("{0}")]
+    Invalid(#[source] SpecError),
+}
+
 /// A scenario turned into the policy's inputs.
 pub struct Inputs {
     pub inventory: Arc<Inventory>,
@@ -322,13 +339,13 @@ pub struct Inputs {
 
 impl Scenario {
     /// Checks the objects (as the agent would) and builds the inventory and request.
-    pub fn inputs(&self, generation: u64) -> Result<Inputs, String> {
+    pub fn inputs(&self, generation: u64) -> Result<Inputs, InputsError> {
         let mut pools = Vec::new();
         let mut allocated = BTreeMap::new();
         for o in &self.pools {
             check_kind(o, "IPPool")?;
-            let pool =
-                Pool::from_spec(o.metadata.clone(), o.spec.clone()).map_err(|e| e.to_string())?;
+            let pool = Pool::from_spec(o.metadata.clone(), o.spec.clone())
+                .map_err(InputsError::Invalid)?;
             allocated.insert(pool.meta.name.clone(), o.status.allocated_ip_count);
             pools.push(pool);
         }
@@ -337,7 +354,7 @@ impl Scenario {
             .iter()
             .map(|o| {
                 check_kind(o, "Subnet")?;
-                Subnet::from_spec(o.metadata.clone(), o.spec.clone()).map_err(|e| e.to_string())
+                Subnet::from_spec(o.metadata.clone(), o.spec.clone()).map_err(InputsError::Invalid)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let reserved = self
@@ -345,7 +362,8 @@ impl Scenario {
             .iter()
             .map(|o| {
                 check_kind(o, "ReservedIP")?;
-                Reserved::from_spec(o.metadata.clone(), o.spec.clone()).map_err(|e| e.to_string())
+                Reserved::from_spec(o.metadata.clone(), o.spec.clone())
+                    .map_err(InputsError::Invalid)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let inventory = Inventory::build(generation, &pools, &subnets, &reserved);
@@ -421,22 +439,23 @@ impl Scenario {
     }
 }
 
-fn check_kind<S>(o: &Object<S>, kind: &str) -> Result<(), String> {
+fn check_kind<S>(o: &Object<S>, expected: &'static str) -> Result<(), InputsError> {
     if let Some(k) = &o.kind
-        && k != kind
+        && k != expected
     {
-        return Err(format!(
-            "{} is a {k} where a {kind} belongs",
-            o.metadata.name
-        ));
+        return Err(InputsError::WrongKind {
+            name: o.metadata.name.clone(),
+            kind: k.clone(),
+            expected,
+        });
     }
     if let Some(v) = &o.api_version
         && v != "allot.dev/v1alpha1"
     {
-        return Err(format!(
-            "{}: apiVersion {v} is not allot.dev/v1alpha1",
-            o.metadata.name
-        ));
+        return Err(InputsError::WrongApiVersion {
+            name: o.metadata.name.clone(),
+            api_version: v.clone(),
+        });
     }
     Ok(())
 }

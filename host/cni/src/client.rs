@@ -249,7 +249,7 @@ fn read_response(stream: &mut UnixStream, deadline: Instant) -> Result<Response,
                 )));
             }
             Ok(None) => {}
-            Err(e) => return Err(ReadError::Parse(e)),
+            Err(e) => return Err(ReadError::Parse(e.to_string())),
         }
     }
 }
@@ -260,10 +260,31 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
+/// Why the bytes read are not a valid HTTP/1.1 response.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ResponseError {
+    #[error("malformed HTTP response: {0}")]
+    Malformed(#[source] httparse::Error),
+    #[error("malformed Content-Length")]
+    ContentLength,
+    #[error("conflicting Content-Length headers")]
+    ConflictingContentLength,
+    /// A Content-Length past what the plugin reads ([`MAX_RESPONSE`]).
+    #[error("Content-Length {0} is too large")]
+    TooLarge(usize),
+    #[error("malformed chunk size")]
+    ChunkSize,
+    /// Chunks that add up past [`MAX_RESPONSE`].
+    #[error("chunked body too large")]
+    ChunkedTooLarge,
+    #[error("chunk not followed by CRLF")]
+    ChunkNotTerminated,
+}
+
 /// Parses a complete response from `buf`, or `Ok(None)` when it is incomplete. `eof` says the
 /// stream has ended, which completes a body that has no framing. Interim 1xx responses are
 /// skipped. `Err` means the bytes are not a valid HTTP/1.1 response.
-pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<Response>, String> {
+pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<Response>, ResponseError> {
     let mut offset = 0;
     loop {
         let mut headers = [httparse::EMPTY_HEADER; 64];
@@ -271,7 +292,7 @@ pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<Response>, String>
         let head_len = match resp.parse(&buf[offset..]) {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => return Ok(None),
-            Err(e) => return Err(format!("malformed HTTP response: {e}")),
+            Err(e) => return Err(ResponseError::Malformed(e)),
         };
         let status = resp.code.unwrap_or(0);
         let body_start = offset + head_len;
@@ -286,9 +307,9 @@ pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<Response>, String>
                 let v = std::str::from_utf8(h.value)
                     .ok()
                     .and_then(|v| v.trim().parse::<usize>().ok())
-                    .ok_or_else(|| "malformed Content-Length".to_string())?;
+                    .ok_or(ResponseError::ContentLength)?;
                 if content_length.is_some_and(|c| c != v) {
-                    return Err("conflicting Content-Length headers".into());
+                    return Err(ResponseError::ConflictingContentLength);
                 }
                 content_length = Some(v);
             } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
@@ -312,7 +333,7 @@ pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<Response>, String>
         }
         if let Some(len) = content_length {
             if len > MAX_RESPONSE {
-                return Err(format!("Content-Length {len} is too large"));
+                return Err(ResponseError::TooLarge(len));
             }
             return if rest.len() >= len {
                 done(rest[..len].to_vec())
@@ -326,14 +347,14 @@ pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<Response>, String>
 
 /// Decodes a chunked body, or `Ok(None)` when incomplete. Chunk extensions and trailers are
 /// ignored.
-fn decode_chunked(buf: &[u8]) -> Result<Option<Vec<u8>>, String> {
+fn decode_chunked(buf: &[u8]) -> Result<Option<Vec<u8>>, ResponseError> {
     let mut body = Vec::new();
     let mut pos = 0;
     loop {
         let (consumed, size) = match httparse::parse_chunk_size(&buf[pos..]) {
             Ok(httparse::Status::Complete(x)) => x,
             Ok(httparse::Status::Partial) => return Ok(None),
-            Err(_) => return Err("malformed chunk size".into()),
+            Err(_) => return Err(ResponseError::ChunkSize),
         };
         pos += consumed;
         if size == 0 {
@@ -351,15 +372,15 @@ fn decode_chunked(buf: &[u8]) -> Result<Option<Vec<u8>>, String> {
         let size = usize::try_from(size)
             .ok()
             .filter(|s| body.len().saturating_add(*s) <= MAX_RESPONSE)
-            .ok_or_else(|| "chunked body too large".to_string())?;
+            .ok_or(ResponseError::ChunkedTooLarge)?;
         let Some(chunk_end) = pos.checked_add(size) else {
-            return Err("chunked body too large".into());
+            return Err(ResponseError::ChunkedTooLarge);
         };
         if buf.len() < chunk_end + 2 {
             return Ok(None);
         }
         if &buf[chunk_end..chunk_end + 2] != b"\r\n" {
-            return Err("chunk not followed by CRLF".into());
+            return Err(ResponseError::ChunkNotTerminated);
         }
         body.extend_from_slice(&buf[pos..chunk_end]);
         pos = chunk_end + 2;
@@ -448,7 +469,10 @@ pub(crate) mod tests {
             b"{\"a\":1}"
         );
         let bad = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n";
-        assert!(parse_response(bad, false).is_err());
+        assert_eq!(
+            parse_response(bad, false),
+            Err(ResponseError::ChunkNotTerminated)
+        );
     }
 
     #[test]
@@ -467,14 +491,22 @@ pub(crate) mod tests {
 
     #[test]
     fn garbage_is_an_error() {
-        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n\r\n", false).is_err());
-        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", false).is_err());
+        let ssh = parse_response(b"SSH-2.0-OpenSSH\r\n\r\n", false).unwrap_err();
+        assert!(matches!(ssh, ResponseError::Malformed(_)), "{ssh}");
         assert!(
+            ssh.to_string().starts_with("malformed HTTP response: "),
+            "{ssh}"
+        );
+        assert_eq!(
+            parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", false),
+            Err(ResponseError::ContentLength)
+        );
+        assert_eq!(
             parse_response(
                 b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
                 false
-            )
-            .is_err()
+            ),
+            Err(ResponseError::ConflictingContentLength)
         );
     }
 

@@ -246,15 +246,26 @@ fn probe_section(value: &Value) -> Result<ProbeSettings, CniError> {
     Ok(settings)
 }
 
+/// Probe settings outside the probe's bounds. The message names the setting as the network
+/// configuration spells it (`timeoutMs`, not the probe's `timeout`).
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .source.to_string().replace("timeout is", "timeoutMs is"))]
+pub struct ProbeConfigError {
+    #[source]
+    pub source: allot_probe::ProbeError,
+}
+
 /// The probe crate's configuration for `settings`, checked against its bounds.
-pub fn probe_config(settings: &ProbeSettings) -> Result<allot_probe::ProbeConfig, String> {
+pub fn probe_config(
+    settings: &ProbeSettings,
+) -> Result<allot_probe::ProbeConfig, ProbeConfigError> {
     let cfg = allot_probe::ProbeConfig {
         tries: settings.tries,
         timeout: Duration::from_millis(settings.timeout_ms),
         ..allot_probe::ProbeConfig::default()
     };
     cfg.validate()
-        .map_err(|e| e.to_string().replace("timeout is", "timeoutMs is"))?;
+        .map_err(|source| ProbeConfigError { source })?;
     Ok(cfg)
 }
 

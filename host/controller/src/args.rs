@@ -150,33 +150,53 @@ const SPIDERPOOL_ENV: [(&str, &str); 6] = [
     ("gc_interval", "SPIDERPOOL_GC_DEFAULT_INTERVAL_DURATION"),
 ];
 
+/// A Spiderpool variable whose value is not what its setting takes; `value` as it was set.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpiderpoolEnvError {
+    #[error("{var}={value:?}: expected whole seconds")]
+    NotSeconds {
+        var: &'static str,
+        value: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("{var}={value:?}: expected true or false")]
+    NotBool { var: &'static str, value: String },
+}
+
 impl GcArgs {
     /// Takes Spiderpool's spelling of each setting left at its default.
     pub fn with_spiderpool_env(
         mut self,
         matches: &ArgMatches,
         env: impl Fn(&str) -> Option<String>,
-    ) -> Result<GcArgs, String> {
+    ) -> Result<GcArgs, SpiderpoolEnvError> {
         for (id, var) in SPIDERPOOL_ENV {
             if matches.value_source(id) != Some(ValueSource::DefaultValue) {
                 continue;
             }
-            let Some(value) = env(var) else { continue };
-            let bad = |what: &str| format!("{var}={value:?}: expected {what}");
-            let value = value.trim();
+            let Some(set) = env(var) else { continue };
+            let seconds = |source| SpiderpoolEnvError::NotSeconds {
+                var,
+                value: set.clone(),
+                source,
+            };
+            let value = set.trim();
             match id {
                 "gc_additional_grace_delay" => {
-                    self.gc_additional_grace_delay =
-                        value.parse().map_err(|_| bad("whole seconds"))?
+                    self.gc_additional_grace_delay = value.parse().map_err(seconds)?
                 }
-                "gc_interval" => {
-                    self.gc_interval = value.parse().map_err(|_| bad("whole seconds"))?
-                }
+                "gc_interval" => self.gc_interval = value.parse().map_err(seconds)?,
                 _ => {
                     let flag = match value.to_ascii_lowercase().as_str() {
                         "true" => true,
                         "false" => false,
-                        _ => return Err(bad("true or false")),
+                        _ => {
+                            return Err(SpiderpoolEnvError::NotBool {
+                                var,
+                                value: set.clone(),
+                            });
+                        }
                     };
                     match id {
                         "gc_enabled" => self.gc_enabled = flag,
@@ -297,5 +317,29 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("whole seconds"), "{err}");
+    }
+
+    #[test]
+    fn a_spiderpool_variable_that_is_no_boolean_is_quoted_as_set() {
+        let matches = ControllerArgs::command()
+            .try_get_matches_from(["allot-controller"])
+            .unwrap();
+        let gc = ControllerArgs::from_arg_matches(&matches).unwrap().gc;
+        let err = gc
+            .with_spiderpool_env(&matches, |k| {
+                (k == "SPIDERPOOL_GC_IP_ENABLED").then(|| " yes".to_string())
+            })
+            .unwrap_err();
+        assert_eq!(
+            err,
+            SpiderpoolEnvError::NotBool {
+                var: "SPIDERPOOL_GC_IP_ENABLED",
+                value: " yes".into()
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "SPIDERPOOL_GC_IP_ENABLED=\" yes\": expected true or false"
+        );
     }
 }

@@ -467,5 +467,5 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, StoreError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| StoreError::Backend(format!("store call panicked: {e}")))?
+        .map_err(|e| StoreError::backend_caused(format!("store call panicked: {e}"), e))?
 }

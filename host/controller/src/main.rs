@@ -22,8 +22,9 @@ fn main() -> ExitCode {
     match allot_controller::run::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("allot-controller: {e:#}");
+            let e = allot_core::store::report(e.as_ref());
+            tracing::error!("{e}");
+            eprintln!("allot-controller: {e}");
             ExitCode::FAILURE
         }
     }

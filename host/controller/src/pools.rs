@@ -80,7 +80,7 @@ impl PoolLifecycle {
             Some(rev) => {
                 let answer = tokio::task::spawn_blocking(move || store.changes_since(rev))
                     .await
-                    .map_err(|e| StoreError::Backend(e.to_string()))??;
+                    .map_err(|e| StoreError::backend_caused(e.to_string(), e))??;
                 !matches!(answer, Changes::Since { changes, .. } if changes.is_empty())
             }
         };
@@ -90,7 +90,7 @@ impl PoolLifecycle {
         let store = self.store.clone();
         let snapshot = tokio::task::spawn_blocking(move || store.snapshot(u64::MAX))
             .await
-            .map_err(|e| StoreError::Backend(e.to_string()))??;
+            .map_err(|e| StoreError::backend_caused(e.to_string(), e))??;
         let mut counts: HashMap<String, u64> = HashMap::new();
         for c in &snapshot.claims {
             match counts.get_mut(&*c.pool) {

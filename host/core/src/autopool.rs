@@ -222,10 +222,22 @@ pub fn labels(app: &Application, subnet: &str, reclaim: bool) -> BTreeMap<String
     ])
 }
 
+/// A name that cannot be a label value of an auto pool.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the {what} {value:?} cannot be a label value (at most 63 letters, digits, '-', '_' or '.'), \
+     and auto pools are found by their labels: use a shorter name"
+)]
+pub struct LabelValueError {
+    /// Which name: `workload name`, `namespace` or `Subnet name`.
+    pub what: &'static str,
+    pub value: String,
+}
+
 /// Why the labels of this workload's pool cannot be written, if they cannot: a label value is
 /// at most 63 characters of letters, digits, `-`, `_` and `.`, starting and ending with a
 /// letter or digit. Workload and Subnet names may be longer (up to 253).
-pub fn check_label_values(app: &Application, subnet: &str) -> Result<(), String> {
+pub fn check_label_values(app: &Application, subnet: &str) -> Result<(), LabelValueError> {
     for (what, value) in [
         ("workload name", app.name.as_str()),
         ("namespace", &app.namespace),
@@ -239,10 +251,10 @@ pub fn check_label_values(app: &Application, subnet: &str) -> Result<(), String>
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
         if !ok {
-            return Err(format!(
-                "the {what} {value:?} cannot be a label value (at most 63 letters, digits, \
-                 '-', '_' or '.'), and auto pools are found by their labels: use a shorter name"
-            ));
+            return Err(LabelValueError {
+                what,
+                value: value.to_string(),
+            });
         }
     }
     Ok(())
@@ -398,7 +410,14 @@ mod tests {
     fn label_values_that_cannot_be_written_are_refused_with_the_reason() {
         assert!(check_label_values(&app("Deployment", "ns", "web"), "subnet-a").is_ok());
         let err = check_label_values(&app("Deployment", "ns", &"w".repeat(64)), "s").unwrap_err();
-        assert!(err.contains("workload name"), "{err}");
-        assert!(check_label_values(&app("Deployment", "ns", "web"), "-s").is_err());
+        assert_eq!(err.what, "workload name");
+        assert!(err.to_string().contains("workload name"), "{err}");
+        assert_eq!(
+            check_label_values(&app("Deployment", "ns", "web"), "-s"),
+            Err(LabelValueError {
+                what: "Subnet name",
+                value: "-s".into()
+            })
+        );
     }
 }

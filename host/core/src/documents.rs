@@ -42,30 +42,59 @@ pub fn observe_text(text: &str, source: &str, out: &mut Observation) {
         match observe(value, source, &at) {
             Ok(observed) => out.objects.push(observed),
             Err(why) => {
-                out.incomplete.entry(source.to_string()).or_insert(why);
+                out.incomplete
+                    .entry(source.to_string())
+                    .or_insert_with(|| why.to_string());
             }
         }
     }
 }
 
+/// Why a document is not recognisably an allot object (which marks its source incomplete);
+/// each names the document (`at`). An object that is recognisably one but fails its checks is
+/// observed, invalid: [`Observed::object`].
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    #[error("{at}: not an allot object (apiVersion, kind, metadata, spec): {source}")]
+    NotAnObject {
+        at: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("{at}: kind {kind} is not IPPool, Subnet or ReservedIP")]
+    UnknownKind { at: String, kind: String },
+    #[error("{at}: {kind} without metadata.name")]
+    NoName { at: String, kind: ObjectKind },
+}
+
 /// One document as an observed object, or why it is not recognisably one.
-pub fn observe(value: serde_yaml::Value, source: &str, at: &str) -> Result<Observed, String> {
-    let header: Header = serde_yaml::from_value(value).map_err(|e| {
-        format!("{at}: not an allot object (apiVersion, kind, metadata, spec): {e}")
-    })?;
+pub fn observe(
+    value: serde_yaml::Value,
+    source: &str,
+    at: &str,
+) -> Result<Observed, DocumentError> {
+    let header: Header =
+        serde_yaml::from_value(value).map_err(|source| DocumentError::NotAnObject {
+            at: at.to_string(),
+            source,
+        })?;
     let kind = match header.kind.as_str() {
         "IPPool" => ObjectKind::IpPool,
         "Subnet" => ObjectKind::Subnet,
         "ReservedIP" => ObjectKind::ReservedIp,
         other => {
-            return Err(format!(
-                "{at}: kind {other} is not IPPool, Subnet or ReservedIP"
-            ));
+            return Err(DocumentError::UnknownKind {
+                at: at.to_string(),
+                kind: other.to_string(),
+            });
         }
     };
     let name = header.metadata.name.clone();
     if name.is_empty() {
-        return Err(format!("{at}: {kind} without metadata.name"));
+        return Err(DocumentError::NoName {
+            at: at.to_string(),
+            kind,
+        });
     }
     let object = if header.api_version != API_VERSION {
         Err(Invalid {

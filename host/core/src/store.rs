@@ -10,6 +10,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+mod error;
+pub use error::{Cause, StoreError, report};
+
 /// One CNI attachment: a container's interface. ADD, DEL and CHECK are idempotent per attachment.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Attachment {
@@ -145,23 +148,6 @@ impl Claim {
     pub fn is_quarantined(&self) -> bool {
         self.attachment.is_none() && self.pod.is_conflict()
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// Create-if-absent lost: the address is already claimed. Nothing was written.
-    #[error("address {0} is already claimed")]
-    Conflict(IpAddr),
-    /// The claim changed under us (released or re-attached by someone else). Nothing was written.
-    #[error("claim for {0} changed concurrently")]
-    Stale(IpAddr),
-    /// The backend is busy or unreachable for now (a held lock, a lost connection): retrying
-    /// later may succeed. Nothing was written.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// The backend failed; the message says what and, where it can, what to do.
-    #[error("store: {0}")]
-    Backend(String),
 }
 
 /// A detached claim to give back to its pod, in the same batch as fresh claims.

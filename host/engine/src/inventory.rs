@@ -90,8 +90,8 @@ impl<S: Store, P: Policy> Engine<S, P> {
         match self.store.changes_since(snapshot.revision)? {
             Changes::Since { changes, revision } => built.apply(&changes, revision, now),
             Changes::Compacted => {
-                return Err(LoadError::Store(StoreError::Unavailable(
-                    "the store compacted its change feed during a rebuild; retrying later".into(),
+                return Err(LoadError::Store(StoreError::unavailable(
+                    "the store compacted its change feed during a rebuild; retrying later",
                 )));
             }
         }

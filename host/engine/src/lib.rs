@@ -390,6 +390,8 @@ pub fn seed_of(value: &impl std::hash::Hash) -> u64 {
 fn load_to_alloc(e: LoadError) -> AllocError {
     match e {
         LoadError::Store(e) => AllocError::Store(e),
-        LoadError::Duplicate { .. } => AllocError::Store(StoreError::Backend(e.to_string())),
+        LoadError::Duplicate { .. } => {
+            AllocError::Store(StoreError::backend_caused(e.to_string(), e))
+        }
     }
 }

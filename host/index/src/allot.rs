@@ -56,7 +56,7 @@ fn observe_document(kind: ObjectKind, name: &str, document: &Value) -> Observed 
     let source = format!("{kind}/{name}");
     let observed = serde_yaml::to_value(document)
         .map_err(|e| format!("{source}: {e}"))
-        .and_then(|value| documents::observe(value, &source, &source));
+        .and_then(|value| documents::observe(value, &source, &source).map_err(|e| e.to_string()));
     observed.unwrap_or_else(|error| Observed {
         kind,
         name: name.to_string(),

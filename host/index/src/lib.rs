@@ -52,6 +52,6 @@ pub use fleet::{
 pub use index::{Index, Kind, Lookup, Need, PodFacts, PodRequest, Shared, SharedIndex};
 pub use resources::pod_controller;
 pub use workloads::{
-    PoolEntry, ScalableKey, ScalableKind, ScaleRead, WorkloadEntry, WorkloadIndex, WorkloadKey,
-    WorkloadKind,
+    PoolEntry, ScalableKey, ScalableKind, ScaleRead, SubnetError, WorkloadEntry, WorkloadIndex,
+    WorkloadKey, WorkloadKind,
 };

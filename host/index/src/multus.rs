@@ -25,29 +25,60 @@ pub struct NetworkSelection {
     pub interface: String,
 }
 
+/// Why a Multus annotation names no networks; each says which `annotation` and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworksError {
+    #[error("{annotation} is not a JSON list: {source}")]
+    NotJson {
+        annotation: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An entry of the JSON list without a name (the entry, as JSON).
+    #[error("{annotation}: an entry without a name: {entry}")]
+    NoName {
+        annotation: &'static str,
+        entry: String,
+    },
+    #[error("{annotation}: `{item}` is not [namespace/]name[@interface]")]
+    Malformed {
+        annotation: &'static str,
+        item: String,
+    },
+}
+
 /// The additional networks of a pod, in order, with their interfaces.
-pub fn selections(annotation: &str, pod_namespace: &str) -> Result<Vec<NetworkSelection>, String> {
+pub fn selections(
+    annotation: &str,
+    pod_namespace: &str,
+) -> Result<Vec<NetworkSelection>, NetworksError> {
     let trimmed = annotation.trim();
     if trimmed.is_empty() {
         return Ok(Vec::new());
     }
     let entries: Vec<(String, Option<String>, Option<String>)> = if trimmed.starts_with('[') {
-        let list: Vec<Value> = serde_json::from_str(trimmed)
-            .map_err(|e| format!("{NETWORKS_ANNOTATION} is not a JSON list: {e}"))?;
+        let list: Vec<Value> =
+            serde_json::from_str(trimmed).map_err(|source| NetworksError::NotJson {
+                annotation: NETWORKS_ANNOTATION,
+                source,
+            })?;
         list.iter()
             .map(|v| {
                 let field = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
                 let name = field("name").filter(|n| !n.is_empty()).ok_or_else(|| {
-                    format!("{NETWORKS_ANNOTATION}: an entry without a name: {v}")
+                    NetworksError::NoName {
+                        annotation: NETWORKS_ANNOTATION,
+                        entry: v.to_string(),
+                    }
                 })?;
                 Ok((name, field("namespace"), field("interface")))
             })
-            .collect::<Result<_, String>>()?
+            .collect::<Result<_, NetworksError>>()?
     } else {
         trimmed
             .split(',')
-            .map(|item| parse_short(item.trim()))
-            .collect::<Result<_, String>>()?
+            .map(|item| parse_short(NETWORKS_ANNOTATION, item.trim()))
+            .collect::<Result<_, NetworksError>>()?
     };
     Ok(entries
         .into_iter()
@@ -67,8 +98,11 @@ pub fn selections(annotation: &str, pod_namespace: &str) -> Result<Vec<NetworkSe
         .collect())
 }
 
-/// `[namespace/]name[@interface]`.
-fn parse_short(item: &str) -> Result<(String, Option<String>, Option<String>), String> {
+/// `[namespace/]name[@interface]`, an item of `annotation`.
+fn parse_short(
+    annotation: &'static str,
+    item: &str,
+) -> Result<(String, Option<String>, Option<String>), NetworksError> {
     let (rest, interface) = match item.split_once('@') {
         Some((rest, interface)) => (rest, Some(interface.to_string())),
         None => (item, None),
@@ -86,9 +120,10 @@ fn parse_short(item: &str) -> Result<(String, Option<String>, Option<String>), S
         || namespace.as_deref().is_some_and(|n| !valid(n))
         || interface.as_deref().is_some_and(|i| !valid(i))
     {
-        return Err(format!(
-            "{NETWORKS_ANNOTATION}: `{item}` is not [namespace/]name[@interface]"
-        ));
+        return Err(NetworksError::Malformed {
+            annotation,
+            item: item.to_string(),
+        });
     }
     Ok((name.to_string(), namespace, interface))
 }
@@ -99,7 +134,7 @@ pub fn network_of(
     annotations: &std::collections::BTreeMap<String, String>,
     pod_namespace: &str,
     interface: &str,
-) -> Result<String, String> {
+) -> Result<String, NetworksError> {
     if let Some(list) = annotations.get(NETWORKS_ANNOTATION) {
         let found = selections(list, pod_namespace)?
             .into_iter()
@@ -111,8 +146,7 @@ pub fn network_of(
     if interface == DEFAULT_INTERFACE
         && let Some(default) = annotations.get(DEFAULT_NETWORK_ANNOTATION)
     {
-        let (name, namespace, _) = parse_short(default.trim())
-            .map_err(|e| e.replace(NETWORKS_ANNOTATION, DEFAULT_NETWORK_ANNOTATION))?;
+        let (name, namespace, _) = parse_short(DEFAULT_NETWORK_ANNOTATION, default.trim())?;
         return Ok(format!(
             "{}/{name}",
             namespace.as_deref().unwrap_or(pod_namespace)
@@ -257,11 +291,22 @@ mod tests {
     fn malformed_annotations_say_what_is_wrong() {
         for bad in ["[{\"namespace\":\"x\"}]", "[1,", "a b", "ns/", "x@"] {
             let a = annotations(&[(NETWORKS_ANNOTATION, bad)]);
-            let err = network_of(&a, "web", "net1").unwrap_err();
+            let err = network_of(&a, "web", "net1").unwrap_err().to_string();
             assert!(err.contains(NETWORKS_ANNOTATION), "{bad}: {err}");
         }
         let a = annotations(&[(DEFAULT_NETWORK_ANNOTATION, "a/b/c")]);
         let err = network_of(&a, "web", "eth0").unwrap_err();
-        assert!(err.contains(DEFAULT_NETWORK_ANNOTATION), "{err}");
+        assert!(
+            matches!(
+                &err,
+                NetworksError::Malformed { annotation, item }
+                    if *annotation == DEFAULT_NETWORK_ANNOTATION && item == "a/b/c"
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("{DEFAULT_NETWORK_ANNOTATION}: `a/b/c` is not [namespace/]name[@interface]")
+        );
     }
 }

@@ -149,6 +149,19 @@ pub struct PoolEntry {
     pub addresses: Option<AddrSet>,
 }
 
+/// Why a Subnet cannot be carved from.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubnetError {
+    #[error("it is being deleted")]
+    Deleting,
+    /// The object is some other kind (the Subnet watch never delivers one).
+    #[error("not a Subnet")]
+    NotASubnet,
+    /// It fails core's checks, which say why.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// What decides a new pass: the spec, labels and deletion of an allot object.
 type Fingerprint = (Value, BTreeMap<String, String>, bool);
 
@@ -157,7 +170,7 @@ type Fingerprint = (Value, BTreeMap<String, String>, bool);
 pub struct WorkloadIndex {
     workloads: BTreeMap<WorkloadKey, WorkloadEntry>,
     pools: BTreeMap<String, (PoolEntry, Fingerprint)>,
-    subnets: BTreeMap<String, (Result<Subnet, String>, Fingerprint)>,
+    subnets: BTreeMap<String, (Result<Subnet, SubnetError>, Fingerprint)>,
     reserved: BTreeMap<String, (Option<Reserved>, Fingerprint)>,
     synced: BTreeSet<WorkloadKind>,
     /// Namespaces' labels, by name (listed or not: [`WorkloadIndex::namespace_labels`]).
@@ -274,7 +287,7 @@ impl WorkloadIndex {
     }
 
     /// Every Subnet by name: checked, or why it cannot be carved from (invalid, being deleted).
-    pub fn subnets(&self) -> BTreeMap<String, Result<Subnet, String>> {
+    pub fn subnets(&self) -> BTreeMap<String, Result<Subnet, SubnetError>> {
         self.subnets
             .iter()
             .map(|(name, (s, _))| (name.clone(), s.clone()))
@@ -506,14 +519,14 @@ fn pool_entry(o: &DynamicObject) -> PoolEntry {
     }
 }
 
-fn subnet_entry(o: &DynamicObject) -> Result<Subnet, String> {
+fn subnet_entry(o: &DynamicObject) -> Result<Subnet, SubnetError> {
     if o.metadata.deletion_timestamp.is_some() {
-        return Err("it is being deleted".into());
+        return Err(SubnetError::Deleting);
     }
     match observe(ObjectKind::Subnet, o).object {
         Ok(Object::Subnet(s)) => Ok(*s),
-        Ok(_) => Err("not a Subnet".into()),
-        Err(invalid) => Err(invalid.error),
+        Ok(_) => Err(SubnetError::NotASubnet),
+        Err(invalid) => Err(SubnetError::Invalid(invalid.error)),
     }
 }
 

@@ -243,7 +243,9 @@ impl Blocking {
             .thread_name(thread)
             .enable_all()
             .build()
-            .map_err(|e| StoreError::Backend(format!("cannot start the {peer} client: {e}")))?;
+            .map_err(|e| {
+                StoreError::backend_caused(format!("cannot start the {peer} client: {e}"), e)
+            })?;
         Ok(Blocking {
             runtime: Some(runtime),
             peer: peer.to_string(),
@@ -278,7 +280,7 @@ impl Blocking {
             let outcome = tokio::time::timeout(budget, work)
                 .await
                 .unwrap_or_else(|_| {
-                    Err(StoreError::Unavailable(format!(
+                    Err(StoreError::unavailable(format!(
                         "{peer} did not answer within {budget:?}; is it running and reachable?"
                     )))
                 });
@@ -288,7 +290,7 @@ impl Blocking {
         // never yields again (a bug), so that no agent thread waits forever.
         rx.recv_timeout(self.timeout + Duration::from_secs(1))
             .unwrap_or_else(|e| {
-                Err(StoreError::Backend(format!(
+                Err(StoreError::backend(format!(
                     "the {} client {}; restart the agent if this repeats",
                     self.peer,
                     match e {

@@ -145,10 +145,10 @@ impl EtcdConfig {
         }
         let read = |what: &str, path: &PathBuf| {
             std::fs::read(path).map_err(|e| {
-                StoreError::Backend(format!(
-                    "cannot read the etcd {what} {}: {e}",
-                    path.display()
-                ))
+                StoreError::backend_caused(
+                    format!("cannot read the etcd {what} {}: {e}", path.display()),
+                    e,
+                )
             })
         };
         let mut tls = TlsOptions::new();
@@ -164,9 +164,8 @@ impl EtcdConfig {
             }
             (None, None) => {}
             _ => {
-                return Err(StoreError::Backend(
-                    "give both --etcd-cert and --etcd-key (a client certificate needs its key)"
-                        .into(),
+                return Err(StoreError::backend(
+                    "give both --etcd-cert and --etcd-key (a client certificate needs its key)",
                 ));
             }
         }
@@ -206,7 +205,7 @@ impl EtcdStore {
     /// As [`EtcdStore::connect`], with the clock that stamps releases.
     pub fn connect_with_clock(config: &EtcdConfig, clock: Clock) -> Result<EtcdStore, StoreError> {
         if config.endpoints.is_empty() {
-            return Err(StoreError::Backend("no etcd endpoints given".into()));
+            return Err(StoreError::backend("no etcd endpoints given"));
         }
         let tls = config.tls()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
@@ -230,7 +229,7 @@ impl EtcdStore {
             BlockingStore::start("allot-etcd", &peer, config.timeout, move || async move {
                 let client = Client::connect(&endpoints, Some(options))
                     .await
-                    .map_err(|e| StoreError::Backend(format!("etcd {names}: {e}")))?;
+                    .map_err(|e| StoreError::backend_caused(format!("etcd {names}: {e}"), e))?;
                 let backend = Arc::new(Backend {
                     client,
                     keys: Keys::new(&prefix),
@@ -276,17 +275,21 @@ fn etcd_error(endpoints: &str, e: etcd_client::Error) -> StoreError {
             | Code::Cancelled
             | Code::Aborted
             | Code::ResourceExhausted
-            | Code::Unknown => StoreError::Unavailable(format!(
-                "etcd {endpoints}: {} (retrying later may succeed)",
-                s.message()
-            )),
-            _ => StoreError::Backend(format!("etcd {endpoints}: {}", s.message())),
+            | Code::Unknown => StoreError::unavailable_caused(
+                format!(
+                    "etcd {endpoints}: {} (retrying later may succeed)",
+                    s.message()
+                ),
+                s,
+            ),
+            _ => StoreError::backend_caused(format!("etcd {endpoints}: {}", s.message()), s),
         },
-        E::TransportError(e) => StoreError::Unavailable(format!(
-            "etcd {endpoints} is unreachable: {e}; is it running?"
-        )),
-        E::IoError(e) => StoreError::Unavailable(format!("etcd {endpoints}: {e}")),
-        other => StoreError::Backend(format!("etcd {endpoints}: {other}")),
+        E::TransportError(e) => StoreError::unavailable_caused(
+            format!("etcd {endpoints} is unreachable: {e}; is it running?"),
+            e,
+        ),
+        E::IoError(e) => StoreError::unavailable_caused(format!("etcd {endpoints}: {e}"), e),
+        other => StoreError::backend_caused(format!("etcd {endpoints}: {other}"), other),
     }
 }
 

@@ -141,24 +141,30 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client
     let client_config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                StoreError::Backend(format!(
-                    "cannot read the kubeconfig {}: {e}",
-                    path.display()
-                ))
+                StoreError::backend_caused(
+                    format!("cannot read the kubeconfig {}: {e}", path.display()),
+                    e,
+                )
             })?;
             kube::Config::from_custom_kubeconfig(file, &Default::default())
                 .await
-                .map_err(|e| StoreError::Backend(format!("kubeconfig {}: {e}", path.display())))?
+                .map_err(|e| {
+                    StoreError::backend_caused(format!("kubeconfig {}: {e}", path.display()), e)
+                })?
         }
         None => kube::Config::infer().await.map_err(|e| {
-            StoreError::Backend(format!(
-                "no Kubernetes configuration found ({e}); run inside a pod with a \
-                 ServiceAccount, or pass --kubeconfig"
-            ))
+            StoreError::backend_caused(
+                format!(
+                    "no Kubernetes configuration found ({e}); run inside a pod with a \
+                     ServiceAccount, or pass --kubeconfig"
+                ),
+                e,
+            )
         })?,
     };
-    kube::Client::try_from(client_config)
-        .map_err(|e| StoreError::Backend(format!("cannot build the Kubernetes client: {e}")))
+    kube::Client::try_from(client_config).map_err(|e| {
+        StoreError::backend_caused(format!("cannot build the Kubernetes client: {e}"), e)
+    })
 }
 
 impl KubeStore {
@@ -220,32 +226,37 @@ impl KubeStore {
 
 /// What a Kubernetes API error means for a store call, and what to do about it.
 fn api_error(what: &str, e: kube::Error) -> StoreError {
-    match e {
-        kube::Error::Api(s) if s.code == 403 => StoreError::Backend(format!(
+    let message = match &e {
+        kube::Error::Api(s) if s.code == 403 => format!(
             "{what}: {}. The agent's ServiceAccount needs get, list, watch, create and update \
              on ipblocks.allot.dev (the Helm chart's ClusterRole grants them)",
             s.message
-        )),
-        kube::Error::Api(s) if s.code == 401 => StoreError::Backend(format!(
+        ),
+        kube::Error::Api(s) if s.code == 401 => format!(
             "{what}: the API server does not accept this client's credentials ({}); check the \
              kubeconfig or the ServiceAccount token",
             s.message
-        )),
+        ),
         kube::Error::Api(s) if s.code == 404 && s.message.contains("the server could not find") => {
-            StoreError::Backend(format!(
+            format!(
                 "{what}: the API server does not serve ipblocks.allot.dev; install allot's \
                  CRDs (kubectl apply -f crds/)"
-            ))
+            )
         }
-        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => StoreError::Unavailable(format!(
-            "{what}: the API server answered {} {} ({}); retrying later may succeed",
-            s.code, s.reason, s.message
-        )),
-        kube::Error::Api(s) => {
-            StoreError::Backend(format!("{what}: {} {}: {}", s.code, s.reason, s.message))
+        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => {
+            let message = format!(
+                "{what}: the API server answered {} {} ({}); retrying later may succeed",
+                s.code, s.reason, s.message
+            );
+            return StoreError::unavailable_caused(message, e);
         }
-        other => StoreError::Unavailable(format!("{what}: {other}; is the API server reachable?")),
-    }
+        kube::Error::Api(s) => format!("{what}: {} {}: {}", s.code, s.reason, s.message),
+        other => {
+            let message = format!("{what}: {other}; is the API server reachable?");
+            return StoreError::unavailable_caused(message, e);
+        }
+    };
+    StoreError::backend_caused(message, e)
 }
 
 /// Runs one API request within [`REQUEST_TIMEOUT`].
@@ -264,7 +275,7 @@ async fn attempt<T>(
     tokio::time::timeout(REQUEST_TIMEOUT, call)
         .await
         .map_err(|_| {
-            StoreError::Unavailable(format!(
+            StoreError::unavailable(format!(
                 "{what}: the API server did not answer within {REQUEST_TIMEOUT:?}"
             ))
         })

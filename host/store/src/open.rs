@@ -120,7 +120,7 @@ impl StoreOptions {
     pub fn open(&self, default_file: &std::path::Path) -> Result<OpenedStore, StoreError> {
         if let Some(config) = self
             .etcd()
-            .map_err(|e| StoreError::Backend(e.to_string()))?
+            .map_err(|e| StoreError::backend_caused(e.to_string(), e))?
         {
             return Ok(OpenedStore::Etcd(Arc::new(EtcdStore::connect(&config)?)));
         }
@@ -133,14 +133,13 @@ impl StoreOptions {
             )?)));
         }
         if self.kubeconfig.is_some() {
-            return Err(StoreError::Backend(
-                "--kubeconfig needs --store kubernetes (allotctl) or --kubernetes (allot-agent)"
-                    .into(),
+            return Err(StoreError::backend(
+                "--kubeconfig needs --store kubernetes (allotctl) or --kubernetes (allot-agent)",
             ));
         }
         let file = match self.store.as_deref() {
             Some(s) if s.contains("://") => {
-                return Err(StoreError::Backend(format!(
+                return Err(StoreError::backend(format!(
                     "--store {s:?}: allot stores claims in etcd (etcd://HOST:PORT), in a \
                      cluster's IPBlocks (kubernetes) or in a SQLite file (a path)"
                 )));

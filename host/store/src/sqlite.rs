@@ -94,7 +94,7 @@ impl SqliteStore {
     ) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         prepare_file(&path)?;
-        let fail = |what: &str, e: rusqlite::Error| describe(&path, what, &e, busy_timeout);
+        let fail = |what: &str, e: rusqlite::Error| describe(&path, what, e, busy_timeout);
 
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
@@ -111,7 +111,7 @@ impl SqliteStore {
         })
         .map_err(|e| fail("cannot read the file as a SQLite database", e))?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend(format!(
                 "{}: cannot switch to write-ahead logging (journal mode stays {mode:?}); the file \
                  system may not support the shared memory SQLite needs (NFS?): keep the state \
                  file on a local disk",
@@ -147,7 +147,7 @@ impl SqliteStore {
     }
 
     fn fail(&self, what: &str, e: rusqlite::Error) -> StoreError {
-        describe(&self.path, what, &e, self.busy_timeout)
+        describe(&self.path, what, e, self.busy_timeout)
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction: commits if it returns `Ok`, rolls back if it
@@ -180,7 +180,7 @@ impl SqliteStore {
         let mut claims = Vec::new();
         while let Some(row) = rows.next().map_err(|e| self.fail(what, e))? {
             let claim = decode(row).map_err(|msg| {
-                StoreError::Backend(format!("{}: {what}: {msg}", self.path.display()))
+                StoreError::backend(format!("{}: {what}: {msg}", self.path.display()))
             })?;
             claims.push(claim);
         }
@@ -333,7 +333,7 @@ impl Store for SqliteStore {
                 match claims.pop() {
                     Some(claim) if claims.is_empty() => out.push(claim),
                     Some(_) => {
-                        return Err(StoreError::Backend(format!(
+                        return Err(StoreError::backend(format!(
                             "{}: {what}: more than one row for {}",
                             self.path.display(),
                             r.address
@@ -417,7 +417,7 @@ impl Store for SqliteStore {
     fn detach(&self, attachment: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
         let what = format!("cannot detach the claims of {attachment}");
         let now = i64::try_from(now)
-            .map_err(|_| StoreError::Backend(format!("{what}: time {now} is out of range")))?;
+            .map_err(|_| StoreError::backend(format!("{what}: time {now} is out of range")))?;
         self.write(&what, |tx| {
             self.rows(
                 tx,
@@ -440,7 +440,7 @@ impl Store for SqliteStore {
     ) -> Result<Claim, StoreError> {
         let what = format!("cannot quarantine {address}");
         let now = i64::try_from(now)
-            .map_err(|_| StoreError::Backend(format!("{what}: time {now} is out of range")))?;
+            .map_err(|_| StoreError::backend(format!("{what}: time {now} is out of range")))?;
         let mut moved = self.write(&what, |tx| {
             self.rows(
                 tx,
@@ -595,19 +595,22 @@ impl Store for SqliteStore {
                 .map_err(|e| self.fail(what, e))?;
             let mut changes = Vec::with_capacity(rows.len());
             for (rev, address, kind, at) in rows {
-                let address = address.parse().map_err(|_| {
-                    StoreError::Backend(format!(
-                        "{}: {what}: change {rev} names {address:?}, not an address; delete the \
-                         row (DELETE FROM changes WHERE revision = {rev})",
-                        self.path.display()
-                    ))
+                let address = address.parse::<IpAddr>().map_err(|e| {
+                    StoreError::backend_caused(
+                        format!(
+                            "{}: {what}: change {rev} names {address:?}, not an address; delete \
+                             the row (DELETE FROM changes WHERE revision = {rev})",
+                            self.path.display()
+                        ),
+                        e,
+                    )
                 })?;
                 let kind = match kind {
                     schema::CLAIMED => ChangeKind::Claimed,
                     schema::RELEASED => ChangeKind::Released,
                     schema::UPDATED => ChangeKind::Updated,
                     other => {
-                        return Err(StoreError::Backend(format!(
+                        return Err(StoreError::backend(format!(
                             "{}: {what}: change {rev} has kind {other}",
                             self.path.display()
                         )));

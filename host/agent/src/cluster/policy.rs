@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use allot_core::policy::{Inventory, Nic, PodInfo, Policy as _, Request};
+use allot_core::policy::{Inventory, Nic, PodInfo, Policy as _, PolicyError, Request};
 use allot_k8s::openapi::api::core::v1::{ConfigMap, ObjectReference};
 use allot_k8s::{PolicyLocation, PolicySpec};
 use allot_policy::{
@@ -185,7 +185,7 @@ impl PolicyFollower {
         let loaded = tokio::task::spawn_blocking(move || {
             let engine = PolicyEngine::new(limits, cache).map_err(|e| e.to_string())?;
             let policy = engine.load(&source).map_err(|e| e.to_string())?;
-            smoke(&policy)?;
+            smoke(&policy).map_err(|e| e.to_string())?;
             Ok::<_, String>(policy)
         })
         .await
@@ -292,10 +292,19 @@ async fn read_component(path: &str) -> std::io::Result<Vec<u8>> {
     .map_err(std::io::Error::other)?
 }
 
+/// A component that faulted on the smoke decision: `source` says how (its kind: trap,
+/// deadline, memory limit, bad output).
+#[derive(Debug, thiserror::Error)]
+#[error("the smoke decision failed: {source}")]
+pub struct SmokeError {
+    #[source]
+    pub source: PolicyError,
+}
+
 /// One decision on an empty inventory: a component that traps, loops past its deadline,
 /// exhausts its memory or returns bogus output here is refused before it serves a pod. A
 /// verdict about the input ("no pool fits") is a decision, not a fault.
-pub fn smoke(policy: &LoadedPolicy) -> Result<(), String> {
+pub fn smoke(policy: &LoadedPolicy) -> Result<(), SmokeError> {
     let request = Request {
         pod: PodInfo {
             namespace: "allot-smoke-test".into(),
@@ -310,7 +319,7 @@ pub fn smoke(policy: &LoadedPolicy) -> Result<(), String> {
         ..Default::default()
     };
     match policy.decide(&Arc::new(Inventory::default()), &request) {
-        Err(e) if e.kind.is_fault() => Err(format!("the smoke decision failed: {e}")),
+        Err(source) if source.kind.is_fault() => Err(SmokeError { source }),
         _ => Ok(()),
     }
 }

@@ -49,7 +49,7 @@ impl Node {
                 });
             }
             let touched = match node.release_serialized(&lock, request) {
-                Err(AllocError::Store(StoreError::Unavailable(why))) => {
+                Err(AllocError::Store(StoreError::Unavailable { message: why, .. })) => {
                     return node.remember_del(r, &why);
                 }
                 other => other?,
@@ -146,7 +146,7 @@ impl Node {
             ..r
         };
         let unavailable =
-            |why: String| NodeError::Alloc(AllocError::Store(StoreError::Unavailable(why)));
+            |why: String| NodeError::Alloc(AllocError::Store(StoreError::unavailable(why)));
         match self.journal.remember(&entry) {
             // The entry's file name is made of these: never a path out of the journal.
             None => Err(unavailable(why.to_string())),
@@ -169,7 +169,7 @@ impl Node {
     pub fn settle(&self, lock: &Serialized<'_>) -> Result<Option<Vec<Claim>>, AllocError> {
         let held = lock.attachment();
         let unavailable = |e: crate::journal::EntryError| {
-            AllocError::Store(StoreError::Unavailable(e.to_string()))
+            AllocError::Store(StoreError::unavailable_caused(e.to_string(), e))
         };
         let Some(del) = self.journal.entry(held).map_err(unavailable)? else {
             return Ok(None);

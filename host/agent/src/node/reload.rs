@@ -9,7 +9,7 @@ use allot_core::config::reconcile;
 
 use super::Node;
 use crate::config::{ConfigState, lock};
-use crate::inventory::{Source, WAITING_FOR_LISTS};
+use crate::inventory::{LoadError, Source};
 
 impl Node {
     /// Reads `source`, decides what is in force (never more allocatable addresses than before
@@ -48,8 +48,12 @@ impl Node {
     /// Reloads what `source` says, read after its `fingerprint`.
     fn reload_serialized(&self, source: &Source, fingerprint: Option<u64>) {
         let first_load = !self.engine().is_loaded();
+        let mut waiting = false;
         let result = (|| -> Result<(), String> {
-            let observation = source.load()?;
+            let observation = source.load().map_err(|e| {
+                waiting = matches!(e, LoadError::Waiting { .. });
+                e.to_string()
+            })?;
             let previous = lock(self.config()).in_force.clone();
             let serving = serving_pools(self)?;
             let reconciled = reconcile(&previous, &observation, &|name| serving.contains(name));
@@ -85,7 +89,7 @@ impl Node {
         if let Err(why) = result {
             let mut config = lock(self.config());
             if config.failure.as_deref() != Some(why.as_str()) {
-                if why.starts_with(WAITING_FOR_LISTS) {
+                if waiting {
                     // Cluster mode starting: not a failure yet.
                     tracing::info!("{why}");
                 } else {

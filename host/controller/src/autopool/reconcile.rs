@@ -67,7 +67,7 @@ impl Snapshot {
                 app,
                 replicas: entry.replicas,
                 deleting: entry.deleting,
-                wants: wants(&entry.annotations),
+                wants: wants(&entry.annotations).map_err(|e| e.to_string()),
             });
         }
         for ((kind, namespace, name), entry, unread) in index.scalable_workloads() {
@@ -84,7 +84,7 @@ impl Snapshot {
                 // Without its count, its pools stay exactly as they are.
                 wants: match unread {
                     Some(why) => Err(why.to_string()),
-                    None => wants(&entry.annotations),
+                    None => wants(&entry.annotations).map_err(|e| e.to_string()),
                 },
             });
         }
@@ -102,7 +102,11 @@ impl Snapshot {
         Snapshot {
             workloads,
             refs,
-            subnets: index.subnets(),
+            subnets: index
+                .subnets()
+                .into_iter()
+                .map(|(name, subnet)| (name, subnet.map_err(|e| e.to_string())))
+                .collect(),
             pools,
             reserved: [index.reserved(IpFamily::V4), index.reserved(IpFamily::V6)],
             followed_kinds: index.followed_kinds(),

@@ -5,10 +5,30 @@
 use std::collections::BTreeMap;
 
 use allot_core::IpFamily;
-use allot_core::autopool::{IP_NUMBER, IpNumber, RECLAIM, SubnetWant, Wants, parse_reclaim};
+use allot_core::autopool::{
+    AnnotationError, IP_NUMBER, IpNumber, RECLAIM, SubnetWant, Wants, parse_reclaim,
+};
 use allot_policy_sdk::annotations::{self, Selection};
-use allot_policy_sdk::types::Label;
+use allot_policy_sdk::types::{DecisionError, Label};
 use allot_policy_sdk::wildcard;
+
+/// Why a workload's annotations ask for no auto pools that can be made.
+#[derive(Debug, thiserror::Error)]
+pub enum WantsError {
+    /// `ippool-reclaim` or `ippool-ip-number` cannot be read (the error names the key).
+    #[error("{0}")]
+    Annotation(#[source] AnnotationError),
+    /// `subnets` or `subnet` cannot be read: the policy SDK's parser says why, as it says it to
+    /// a pod's policy.
+    #[error("{}", .0.message)]
+    Subnets(#[source] DecisionError),
+    /// A Subnet named with a wildcard.
+    #[error(
+        "the Subnet name {name:?} is a pattern: auto pools are carved from Subnets named \
+         exactly; list each Subnet by name"
+    )]
+    Pattern { name: String },
+}
 
 /// The auto pools `annotations` ask for, or why they cannot be read. Each entry of `subnets`
 /// (or the single `subnet`) is one NIC of every pod; each Subnet it names for a family is one
@@ -18,7 +38,7 @@ use allot_policy_sdk::wildcard;
 /// match IPPool names only, and a pattern here would carve one pool, sized for the whole
 /// workload, from every matching Subnet, and again from every Subnet created later that
 /// matches: address use nobody asked for.
-pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, String> {
+pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, WantsError> {
     let labels: Vec<Label> = annotations
         .iter()
         .map(|(k, v)| Label {
@@ -27,14 +47,14 @@ pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, String> {
         })
         .collect();
     let reclaim = match annotations::find(&labels, RECLAIM) {
-        Some(found) => parse_reclaim(found.key, found.value).map_err(|e| e.to_string())?,
+        Some(found) => parse_reclaim(found.key, found.value).map_err(WantsError::Annotation)?,
         None => true,
     };
     let nics: Vec<Selection> = if let Some(found) = annotations::find(&labels, annotations::SUBNETS)
     {
-        annotations::selections(found).map_err(|e| e.message)?
+        annotations::selections(found).map_err(WantsError::Subnets)?
     } else if let Some(found) = annotations::find(&labels, annotations::SUBNET) {
-        vec![annotations::selection(found).map_err(|e| e.message)?]
+        vec![annotations::selection(found).map_err(WantsError::Subnets)?]
     } else {
         // No Subnet named (any more): the count does not matter, the reclaim choice does.
         return Ok(Wants {
@@ -44,7 +64,7 @@ pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, String> {
         });
     };
     let ip_number = match annotations::find(&labels, IP_NUMBER) {
-        Some(found) => IpNumber::parse(found.key, found.value).map_err(|e| e.to_string())?,
+        Some(found) => IpNumber::parse(found.key, found.value).map_err(WantsError::Annotation)?,
         None => IpNumber::default(),
     };
     let mut counts: BTreeMap<(IpFamily, String), u64> = BTreeMap::new();
@@ -53,10 +73,7 @@ pub fn wants(annotations: &BTreeMap<String, String>) -> Result<Wants, String> {
             let mut seen: Vec<&str> = Vec::new();
             for name in names {
                 if wildcard::is_pattern(name) {
-                    return Err(format!(
-                        "the Subnet name {name:?} is a pattern: auto pools are carved from \
-                         Subnets named exactly; list each Subnet by name"
-                    ));
+                    return Err(WantsError::Pattern { name: name.clone() });
                 }
                 if !seen.contains(&name.as_str()) {
                     seen.push(name);
@@ -167,9 +184,17 @@ mod tests {
                 "is a pattern",
             ),
         ] {
-            let err = wants(&anns(&pairs)).unwrap_err();
+            let err = wants(&anns(&pairs)).unwrap_err().to_string();
             assert!(err.contains(expected), "{err}");
         }
+        assert!(matches!(
+            wants(&anns(&[("ipam.allot.dev/subnet", r#"{"ipv4":["team-*"]}"#)])),
+            Err(WantsError::Pattern { name }) if name == "team-*"
+        ));
+        assert!(matches!(
+            wants(&anns(&[("ipam.allot.dev/ippool-reclaim", "nope")])),
+            Err(WantsError::Annotation(e)) if e.key == "ipam.allot.dev/ippool-reclaim"
+        ));
     }
 
     #[test]

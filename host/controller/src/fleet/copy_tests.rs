@@ -8,7 +8,7 @@ use allot_test_apiserver::verifier::{ApiServerVerifier, answer, mock_client, ref
 use serde_json::{Value, json};
 
 use super::fixtures::*;
-use super::workload::{Connect, CopySettings, WorkloadCopier, copies};
+use super::workload::{Connect, CopyError, CopySettings, KubeconfigError, WorkloadCopier, copies};
 use crate::lease::Leadership;
 
 fn kubeconfig_secret(ns: &str, cluster: &str, kubeconfig: &str) -> Value {
@@ -218,7 +218,22 @@ async fn a_copy_that_fails_is_an_event_retried_later_and_never_runs_a_kubeconfig
         .await;
     answer(send, 200, kubeconfig_secret("cluster-a", "shop", exec));
     let e = copying.await.unwrap().unwrap_err();
-    assert!(e.contains("authenticates by running a command"), "{e}");
+    assert!(
+        matches!(
+            &e,
+            CopyError::Refused {
+                source: KubeconfigError::RunsCommand { user },
+                ..
+            } if user == "u"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with(
+            "Secret cluster-a/shop-kubeconfig: user u authenticates by running a command"
+        ),
+        "{e}"
+    );
     workload.expect_nothing(QUIET).await;
 }
 

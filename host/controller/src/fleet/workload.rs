@@ -67,16 +67,45 @@ pub fn connect_with_kubeconfig(timeout: Duration) -> Connect {
     })
 }
 
+/// What a refused kubeconfig should be instead.
+const INLINE: &str = "use a kubeconfig with inline credentials (token, client-certificate-data, client-key-data, certificate-authority-data), as Cluster API writes it";
+
+/// Why a kubeconfig from a Secret must not be used: it would make the controller run a command
+/// or read a file of its own.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KubeconfigError {
+    /// `exec` or `auth-provider`.
+    #[error(
+        "user {user} authenticates by running a command (exec or auth-provider), which the controller never does for a kubeconfig read from a Secret: {INLINE}",
+        INLINE = INLINE
+    )]
+    RunsCommand { user: String },
+    /// `tokenFile`, `client-certificate` or `client-key` (`field`).
+    #[error(
+        "user {user} names a file ({field}: {path}), which would be read from the controller's own filesystem: {INLINE}",
+        INLINE = INLINE
+    )]
+    UserFile {
+        user: String,
+        field: &'static str,
+        path: String,
+    },
+    /// A cluster's `certificate-authority`.
+    #[error(
+        "cluster {cluster} names a file (certificate-authority: {path}), which would be read from the controller's own filesystem: {INLINE}",
+        INLINE = INLINE
+    )]
+    ClusterFile { cluster: String, path: String },
+}
+
 /// Why a kubeconfig from a Secret must not be used, if it must not.
-pub fn check_kubeconfig(k: &Kubeconfig) -> Result<(), String> {
-    let inline = "use a kubeconfig with inline credentials (token, client-certificate-data, client-key-data, certificate-authority-data), as Cluster API writes it";
+pub fn check_kubeconfig(k: &Kubeconfig) -> Result<(), KubeconfigError> {
     for user in &k.auth_infos {
         let Some(a) = &user.auth_info else { continue };
-        let name = &user.name;
         if a.exec.is_some() || a.auth_provider.is_some() {
-            return Err(format!(
-                "user {name} authenticates by running a command (exec or auth-provider), which the controller never does for a kubeconfig read from a Secret: {inline}"
-            ));
+            return Err(KubeconfigError::RunsCommand {
+                user: user.name.clone(),
+            });
         }
         for (field, path) in [
             ("tokenFile", &a.token_file),
@@ -84,9 +113,11 @@ pub fn check_kubeconfig(k: &Kubeconfig) -> Result<(), String> {
             ("client-key", &a.client_key),
         ] {
             if let Some(path) = path {
-                return Err(format!(
-                    "user {name} names a file ({field}: {path}), which would be read from the controller's own filesystem: {inline}"
-                ));
+                return Err(KubeconfigError::UserFile {
+                    user: user.name.clone(),
+                    field,
+                    path: path.clone(),
+                });
             }
         }
     }
@@ -96,13 +127,93 @@ pub fn check_kubeconfig(k: &Kubeconfig) -> Result<(), String> {
             .as_ref()
             .and_then(|c| c.certificate_authority.as_ref())
         {
-            return Err(format!(
-                "cluster {} names a file (certificate-authority: {path}), which would be read from the controller's own filesystem: {inline}",
-                cluster.name
-            ));
+            return Err(KubeconfigError::ClusterFile {
+                cluster: cluster.name.clone(),
+                path: path.clone(),
+            });
         }
     }
     Ok(())
+}
+
+/// Why one copy into a workload cluster failed. `secret` is the kubeconfig Secret
+/// (`namespace/name`), `server` the workload cluster's API server.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// The API server refused to let the controller read the Secret (403).
+    #[error(
+        "cannot read Secret {secret}: {message}; the controller's ServiceAccount needs get on secrets to copy into workload clusters"
+    )]
+    SecretForbidden {
+        secret: String,
+        message: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot read Secret {secret}: {source}")]
+    SecretUnreadable {
+        secret: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "no Secret {secret}: Cluster API writes it once the workload cluster's control plane is up; the copy waits for it"
+    )]
+    NoSecret { secret: String },
+    #[error(
+        "Secret {secret} has no key {KUBECONFIG_KEY} (Cluster API keeps the kubeconfig there)",
+        KUBECONFIG_KEY = KUBECONFIG_KEY
+    )]
+    NoKubeconfigKey { secret: String },
+    #[error(
+        "Secret {secret}: {KUBECONFIG_KEY} is not UTF-8 text",
+        KUBECONFIG_KEY = KUBECONFIG_KEY
+    )]
+    NotText {
+        secret: String,
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    #[error(
+        "Secret {secret}: {KUBECONFIG_KEY} is not a kubeconfig: {source}",
+        KUBECONFIG_KEY = KUBECONFIG_KEY
+    )]
+    NotAKubeconfig {
+        secret: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// A kubeconfig [`check_kubeconfig`] refuses.
+    #[error("Secret {secret}: {source}")]
+    Refused {
+        secret: String,
+        #[source]
+        source: KubeconfigError,
+    },
+    /// No client for the workload cluster ([`Connect`] says why).
+    #[error("Secret {secret}: {reason}")]
+    Connect { secret: String, reason: String },
+    /// The workload cluster has no namespace `namespace` (`--fleet-workload-namespace`).
+    #[error(
+        "the workload cluster ({server}) has no namespace {namespace}: create it, or choose another with --fleet-workload-namespace"
+    )]
+    NoNamespace {
+        server: String,
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the workload cluster's API server ({server}): {source}")]
+    Workload {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The ConfigMap changed between each read and write of three tries.
+    #[error(
+        "the ConfigMap in the workload cluster ({server}) changed under every write; trying again later"
+    )]
+    Contended { server: String },
 }
 
 /// The API server a kubeconfig's current context names, for messages.
@@ -287,7 +398,7 @@ impl WorkloadCopier {
                 }
                 let copied = match tokio::time::timeout(this.settings.timeout, this.copy(&t)).await
                 {
-                    Ok(r) => r,
+                    Ok(r) => r.map_err(|e| e.to_string()),
                     Err(_) => Err(format!(
                         "not done within {:?} (--fleet-workload-timeout-seconds)",
                         this.settings.timeout
@@ -375,51 +486,62 @@ impl WorkloadCopier {
     }
 
     /// One copy: the kubeconfig from the Secret, then create or replace.
-    pub async fn copy(&self, t: &CopyTarget) -> Result<Copied, String> {
+    pub async fn copy(&self, t: &CopyTarget) -> Result<Copied, CopyError> {
         let c = &t.cluster;
         let secret_name = format!("{}-kubeconfig", c.name);
-        let what = format!("Secret {}/{secret_name}", c.namespace);
+        let secret = || format!("{}/{secret_name}", c.namespace);
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &c.namespace);
-        let secret = secrets
+        let found = secrets
             .get_opt(&secret_name)
             .await
-            .map_err(|e| match e {
-                kube::Error::Api(s) if s.code == 403 => format!(
-                    "cannot read {what}: {}; the controller's ServiceAccount needs get on secrets to copy into workload clusters",
-                    s.message
-                ),
-                e => format!("cannot read {what}: {e}"),
+            .map_err(|source| match &source {
+                kube::Error::Api(s) if s.code == 403 => CopyError::SecretForbidden {
+                    secret: secret(),
+                    message: s.message.clone(),
+                    source,
+                },
+                _ => CopyError::SecretUnreadable {
+                    secret: secret(),
+                    source,
+                },
             })?
-            .ok_or_else(|| {
-                format!(
-                    "no {what}: Cluster API writes it once the workload cluster's control plane is up; the copy waits for it"
-                )
-            })?;
-        let value = secret
+            .ok_or_else(|| CopyError::NoSecret { secret: secret() })?;
+        let value = found
             .data
             .as_ref()
             .and_then(|d| d.get(KUBECONFIG_KEY))
-            .ok_or_else(|| {
-                format!(
-                    "{what} has no key {KUBECONFIG_KEY} (Cluster API keeps the kubeconfig there)"
-                )
+            .ok_or_else(|| CopyError::NoKubeconfigKey { secret: secret() })?;
+        let text = std::str::from_utf8(&value.0).map_err(|source| CopyError::NotText {
+            secret: secret(),
+            source,
+        })?;
+        let kubeconfig =
+            Kubeconfig::from_yaml(text).map_err(|source| CopyError::NotAKubeconfig {
+                secret: secret(),
+                source,
             })?;
-        let text = std::str::from_utf8(&value.0)
-            .map_err(|_| format!("{what}: {KUBECONFIG_KEY} is not UTF-8 text"))?;
-        let kubeconfig = Kubeconfig::from_yaml(text)
-            .map_err(|e| format!("{what}: {KUBECONFIG_KEY} is not a kubeconfig: {e}"))?;
-        check_kubeconfig(&kubeconfig).map_err(|e| format!("{what}: {e}"))?;
+        check_kubeconfig(&kubeconfig).map_err(|source| CopyError::Refused {
+            secret: secret(),
+            source,
+        })?;
         let server = server_of(&kubeconfig);
         let workload = (self.connect)(kubeconfig)
             .await
-            .map_err(|e| format!("{what}: {e}"))?;
+            .map_err(|reason| CopyError::Connect {
+                secret: secret(),
+                reason,
+            })?;
         let api: Api<ConfigMap> = Api::namespaced(workload, &self.settings.namespace);
-        let failed = |e: kube::Error| match e {
-            kube::Error::Api(s) if s.code == 404 => format!(
-                "the workload cluster ({server}) has no namespace {}: create it, or choose another with --fleet-workload-namespace",
-                self.settings.namespace
-            ),
-            e => format!("the workload cluster's API server ({server}): {e}"),
+        let failed = |source: kube::Error| match &source {
+            kube::Error::Api(s) if s.code == 404 => CopyError::NoNamespace {
+                server: server.clone(),
+                namespace: self.settings.namespace.clone(),
+                source,
+            },
+            _ => CopyError::Workload {
+                server: server.clone(),
+                source,
+            },
         };
         let labels = BTreeMap::from([(
             "app.kubernetes.io/managed-by".to_string(),
@@ -477,8 +599,6 @@ impl WorkloadCopier {
                 Err(e) => return Err(failed(e)),
             }
         }
-        Err(format!(
-            "the ConfigMap in the workload cluster ({server}) changed under every write; trying again later"
-        ))
+        Err(CopyError::Contended { server })
     }
 }

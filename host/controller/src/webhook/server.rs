@@ -39,6 +39,20 @@ const DRAIN: Duration = Duration::from_secs(10);
 
 type Reply = Response<Full<Bytes>>;
 
+/// Why a Secret's certificate and key cannot be served; each names the Secret's key.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// `tls.crt` is not a PEM certificate chain.
+    #[error("tls.crt: {0}")]
+    Certificate(#[source] rustls::pki_types::pem::Error),
+    /// `tls.key` is not a PEM private key.
+    #[error("tls.key: {0}")]
+    Key(#[source] rustls::pki_types::pem::Error),
+    /// `tls.key` is a key that ring cannot sign with.
+    #[error("tls.key: {0}")]
+    UnsupportedKey(#[source] rustls::Error),
+}
+
 /// The serving certificate, swapped in place when the Secret changes.
 #[derive(Debug, Default)]
 pub struct Certified {
@@ -48,7 +62,7 @@ pub struct Certified {
 impl Certified {
     /// Serves `material`'s certificate from the next handshake on; `Ok(false)` when it is
     /// already served.
-    pub fn install(&self, material: &Material) -> Result<bool, String> {
+    pub fn install(&self, material: &Material) -> Result<bool, InstallError> {
         if self
             .read()
             .as_ref()
@@ -58,11 +72,11 @@ impl Certified {
         }
         let chain = CertificateDer::pem_slice_iter(material.tls_cert.as_bytes())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("tls.crt: {e}"))?;
+            .map_err(InstallError::Certificate)?;
         let key = PrivateKeyDer::from_pem_slice(material.tls_key.as_bytes())
-            .map_err(|e| format!("tls.key: {e}"))?;
+            .map_err(InstallError::Key)?;
         let key = rustls::crypto::ring::sign::any_supported_type(&key)
-            .map_err(|e| format!("tls.key: {e}"))?;
+            .map_err(InstallError::UnsupportedKey)?;
         let certified = Arc::new(CertifiedKey::new(chain, key));
         *self.current.write().unwrap_or_else(|p| p.into_inner()) =
             Some((material.tls_cert.clone(), certified));
@@ -258,4 +272,26 @@ fn text(status: StatusCode, body: &str) -> Reply {
 /// Completes once `stop` says true (or its sender is gone).
 pub async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn material_that_cannot_be_served_names_the_key_at_fault() {
+        let material = Material {
+            tls_cert: String::new(),
+            tls_key: "not a key".into(),
+            ca_cert: String::new(),
+            ca_key: String::new(),
+            next_ca: None,
+            bundle: String::new(),
+        };
+        let certified = Certified::default();
+        let e = certified.install(&material).unwrap_err();
+        assert!(matches!(e, InstallError::Key(_)), "{e}");
+        assert!(e.to_string().starts_with("tls.key: "), "{e}");
+        assert!(!certified.ready());
+    }
 }

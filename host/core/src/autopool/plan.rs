@@ -202,7 +202,7 @@ pub fn plan(inputs: &Inputs, claimed: &mut dyn FnMut(&AddrSet) -> AddrSet) -> Ve
                 reason,
             };
             if let Err(reason) = check_label_values(app, &want.subnet) {
-                actions.push(refuse(reason));
+                actions.push(refuse(reason.to_string()));
                 continue;
             }
             let subnet = match inputs.subnets.get(&want.subnet) {

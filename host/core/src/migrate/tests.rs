@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use proptest::prelude::*;
 
 use super::whereabouts::{
-    IpamConfig, Range, RangeConfig, allocation_address, allot_pool_name, ippool_name,
-    normalize_range, reservation_address,
+    AllocationError, IpamConfig, Range, RangeConfig, RangeError, allocation_address,
+    allot_pool_name, ippool_name, normalize_range, reservation_address,
 };
 use super::*;
 
@@ -474,8 +474,20 @@ fn whereabouts_ranges_load_as_whereabouts_loads_them() {
         t("fd00::/120", "fd00::1", "fd00::fe"),
         "IPv6 too: never the first or the last address"
     );
-    assert!(load("10.0.0.0/31", None, None).is_err());
-    assert!(load("10.0.0.9-10.1.0.0/24", None, None).is_err());
+    assert_eq!(
+        load("10.0.0.0/31", None, None).unwrap_err().to_string(),
+        "range 10.0.0.0/31 has no usable address"
+    );
+    assert!(matches!(
+        load("10.0.0.9-10.1.0.0/24", None, None),
+        Err(RangeError::StartOutside { .. })
+    ));
+    assert_eq!(
+        load("10.0.0.0/24", Some("10.0.0.x"), None)
+            .unwrap_err()
+            .to_string(),
+        "range_start `10.0.0.x` is not an address"
+    );
 }
 
 #[test]
@@ -493,8 +505,21 @@ fn whereabouts_names_and_offsets() {
         "offsets count from the address spec.range writes, as net.ParseCIDR returns it"
     );
     assert_eq!(allocation_address("fd00::/64", "16"), Ok(ip("fd00::10")));
-    assert!(allocation_address("10.0.0.0/24", "x").is_err());
-    assert!(allocation_address("255.255.255.255/32", "1").is_err());
+    assert!(matches!(
+        allocation_address("10.0.0.0/24", "x"),
+        Err(AllocationError::NotOffset { offset, .. }) if offset == "x"
+    ));
+    assert_eq!(
+        allocation_address("255.255.255.255/32", "1").unwrap_err(),
+        AllocationError::PastTheEnd {
+            offset: 1,
+            range: "255.255.255.255/32".into()
+        }
+    );
+    assert_eq!(
+        allocation_address("10.0.0.0", "1").unwrap_err().to_string(),
+        "spec.range `10.0.0.0` is not a CIDR"
+    );
     let nets = vec!["blue".to_string(), "ab".to_string()];
     assert_eq!(
         reservation_address("10.0.0.5", &nets),
@@ -559,7 +584,14 @@ fn whereabouts_ipam_sections_read_their_ranges() {
         r#"{"type":"whereabouts","range":"10.0.0.0/16","node_slice_size":"/22"}"#,
     )
     .unwrap();
-    assert!(sliced.ranges().unwrap_err().contains("NodeSlicePools"));
+    assert_eq!(sliced.ranges(), Err(RangeError::NodeSliced));
+    assert!(
+        sliced
+            .ranges()
+            .unwrap_err()
+            .to_string()
+            .contains("NodeSlicePools")
+    );
 }
 
 proptest! {

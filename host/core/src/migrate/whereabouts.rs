@@ -58,6 +58,69 @@ pub struct CniRoute {
     pub gw: Option<String>,
 }
 
+/// Why a Whereabouts `ipam` section's ranges cannot be carried over.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RangeError {
+    /// `node_slice_size` is set: the addresses live in NodeSlicePools, which a migration does
+    /// not read.
+    #[error("node_slice_size is set: node-sliced ranges (NodeSlicePools) are not carried over")]
+    NodeSliced,
+    #[error("no range and no ipRanges")]
+    NoRange,
+    #[error("range `{range}` is not a CIDR")]
+    NotCidr {
+        range: String,
+        #[source]
+        source: ipnet::AddrParseError,
+    },
+    /// `start-end/len`, whose `end/len` is not a CIDR.
+    #[error("range `{range}`: `{end}` is not a CIDR")]
+    EndNotCidr {
+        range: String,
+        end: String,
+        #[source]
+        source: ipnet::AddrParseError,
+    },
+    /// A start or end (`what`: `range start`, `range_start`, `range_end`) that is no address.
+    #[error("{what} `{text}` is not an address")]
+    NotAddress {
+        what: &'static str,
+        text: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    /// `start-end/len` whose start lies outside `end/len`.
+    #[error("range `{range}`: {start} is not in {net}")]
+    StartOutside {
+        range: String,
+        start: IpAddr,
+        net: IpNet,
+    },
+    #[error("range {net} has no usable address")]
+    NoUsableAddress { net: IpNet },
+}
+
+/// Why a Whereabouts IPPool's allocation names no address.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AllocationError {
+    #[error("spec.range `{range}` is not a CIDR")]
+    RangeNotCidr { range: String },
+    #[error("spec.range `{text}` is not an address")]
+    RangeNotAddress {
+        text: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    #[error("allocation key `{offset}` is not an offset")]
+    NotOffset {
+        offset: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("offset {offset} lies past the end of {range}")]
+    PastTheEnd { offset: u128, range: String },
+}
+
 /// One range as Whereabouts uses it once its configuration is loaded: the network, the first
 /// and last address it hands out, and what it excludes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,16 +138,13 @@ impl IpamConfig {
     }
 
     /// The ranges, as Whereabouts loads them: the top-level `range` first, then `ipRanges`.
-    pub fn ranges(&self) -> Result<Vec<Range>, String> {
+    pub fn ranges(&self) -> Result<Vec<Range>, RangeError> {
         if self
             .node_slice_size
             .as_deref()
             .is_some_and(|s| !s.is_empty())
         {
-            return Err(
-                "node_slice_size is set: node-sliced ranges (NodeSlicePools) are not carried over"
-                    .into(),
-            );
+            return Err(RangeError::NodeSliced);
         }
         let mut configs = Vec::new();
         if !self.range.is_empty() {
@@ -97,7 +157,7 @@ impl IpamConfig {
         }
         configs.extend(self.ip_ranges.iter().cloned());
         if configs.is_empty() {
-            return Err("no range and no ipRanges".into());
+            return Err(RangeError::NoRange);
         }
         configs.iter().map(Range::load).collect()
     }
@@ -108,10 +168,12 @@ impl IpamConfig {
     }
 }
 
-fn parse_ip(what: &str, s: &str) -> Result<IpAddr, String> {
-    s.trim()
-        .parse()
-        .map_err(|_| format!("{what} `{s}` is not an address"))
+fn parse_ip(what: &'static str, s: &str) -> Result<IpAddr, RangeError> {
+    s.trim().parse().map_err(|source| RangeError::NotAddress {
+        what,
+        text: s.to_string(),
+        source,
+    })
 }
 
 impl Range {
@@ -119,16 +181,24 @@ impl Range {
     /// end written in the range), or a CIDR with optional `range_start` and `range_end`; the
     /// first and last usable address (never the network or the broadcast address, in either
     /// family) unless the start or end lie within them.
-    pub fn load(c: &RangeConfig) -> Result<Range, String> {
+    pub fn load(c: &RangeConfig) -> Result<Range, RangeError> {
         let (start, end, net) = match c.range.split_once('-') {
             Some((first, rest)) => {
-                let last: ipnet::IpNet = rest
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("range `{}`: `{rest}` is not a CIDR", c.range))?;
+                let last: ipnet::IpNet =
+                    rest.trim()
+                        .parse()
+                        .map_err(|source| RangeError::EndNotCidr {
+                            range: c.range.clone(),
+                            end: rest.to_string(),
+                            source,
+                        })?;
                 let first = parse_ip("range start", first)?;
                 if !last.contains(&first) {
-                    return Err(format!("range `{}`: {first} is not in {last}", c.range));
+                    return Err(RangeError::StartOutside {
+                        range: c.range.clone(),
+                        start: first,
+                        net: last,
+                    });
                 }
                 (Some(first), Some(last.addr()), last.trunc())
             }
@@ -137,7 +207,10 @@ impl Range {
                     .range
                     .trim()
                     .parse()
-                    .map_err(|_| format!("range `{}` is not a CIDR", c.range))?;
+                    .map_err(|source| RangeError::NotCidr {
+                        range: c.range.clone(),
+                        source,
+                    })?;
                 let start = c
                     .range_start
                     .as_deref()
@@ -155,7 +228,7 @@ impl Range {
         let lo = addr_to_u128(net.network());
         let hi = addr_to_u128(net.broadcast());
         if hi.saturating_sub(lo) < 2 {
-            return Err(format!("range {net} has no usable address"));
+            return Err(RangeError::NoUsableAddress { net });
         }
         let (mut first, mut last) = (lo + 1, hi - 1);
         if let Some(s) = start.map(addr_to_u128)
@@ -248,20 +321,36 @@ pub fn allot_pool_name(network_name: &str, range: &IpNet) -> String {
 
 /// The address of an allocation: the IPPool's `spec.range` as Whereabouts parses it (the
 /// address written there, not its network: `net.ParseCIDR`) plus the allocation's offset.
-pub fn allocation_address(range: &str, offset: &str) -> Result<IpAddr, String> {
-    let (address, _) = range
-        .trim()
-        .split_once('/')
-        .ok_or_else(|| format!("spec.range `{range}` is not a CIDR"))?;
-    let base = parse_ip("spec.range", address)?;
+pub fn allocation_address(range: &str, offset: &str) -> Result<IpAddr, AllocationError> {
+    let (address, _) =
+        range
+            .trim()
+            .split_once('/')
+            .ok_or_else(|| AllocationError::RangeNotCidr {
+                range: range.to_string(),
+            })?;
+    let base: IpAddr =
+        address
+            .trim()
+            .parse()
+            .map_err(|source| AllocationError::RangeNotAddress {
+                text: address.to_string(),
+                source,
+            })?;
     let offset: u128 = offset
         .parse()
-        .map_err(|_| format!("allocation key `{offset}` is not an offset"))?;
+        .map_err(|source| AllocationError::NotOffset {
+            offset: offset.to_string(),
+            source,
+        })?;
     let family = IpFamily::of(base);
     let n = addr_to_u128(base)
         .checked_add(offset)
         .filter(|&n| n <= family.max())
-        .ok_or_else(|| format!("offset {offset} lies past the end of {range}"))?;
+        .ok_or_else(|| AllocationError::PastTheEnd {
+            offset,
+            range: range.to_string(),
+        })?;
     Ok(u128_to_addr(family, n))
 }
 

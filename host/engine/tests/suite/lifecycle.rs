@@ -215,7 +215,7 @@ impl Store for Watched {
         let n = self.release_calls.fetch_add(1, Ordering::SeqCst);
         if n >= self.fail_releases_after.load(Ordering::SeqCst) {
             self.failing.store(true, Ordering::SeqCst);
-            return Err(StoreError::Unavailable("disk on fire".into()));
+            return Err(StoreError::unavailable("disk on fire"));
         }
         self.inner.release_unchanged(claims)
     }

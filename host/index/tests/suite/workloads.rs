@@ -4,8 +4,8 @@
 
 use allot_core::IpFamily;
 use allot_index::{
-    IndexResource, PoolObject, ReservedObject, ScalableKind, ScaleRead, Shared, SubnetObject,
-    WorkloadIndex, WorkloadKind, feed,
+    IndexResource, PoolObject, ReservedObject, ScalableKind, ScaleRead, Shared, SubnetError,
+    SubnetObject, WorkloadIndex, WorkloadKind, feed,
 };
 use allot_k8s::openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use allot_k8s::openapi::api::batch::v1::{CronJob, Job};
@@ -356,7 +356,20 @@ fn pools_subnets_and_reservations_are_checked_one_by_one() {
     )));
     let subnets = i.subnets();
     assert!(subnets["s"].is_ok());
-    assert!(subnets["broken"].as_ref().unwrap_err().contains("nope"));
+    assert!(matches!(&subnets["broken"], Err(SubnetError::Invalid(why)) if why.contains("nope")));
+    let mut deleting = dynamic(
+        "Subnet",
+        "s",
+        "9",
+        json!({}),
+        json!({"subnet": "10.10.0.0/24"}),
+    );
+    deleting.metadata.deletion_timestamp =
+        Some(allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+        ));
+    i.apply(SubnetObject(deleting));
+    assert!(matches!(i.subnets()["s"], Err(SubnetError::Deleting)));
 
     i.apply(ReservedObject(dynamic(
         "ReservedIP",

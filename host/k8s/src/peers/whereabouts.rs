@@ -122,7 +122,7 @@ pub fn decode(objects: &Objects) -> Decoded {
         for (network, ipam) in ipam_sections(&config) {
             let ranges = serde_json::from_value::<IpamConfig>(ipam)
                 .map_err(|e| format!("spec.config ipam: {e}"))
-                .and_then(|c| Ok((c.ranges()?, c)));
+                .and_then(|c| Ok((c.ranges().map_err(|e| e.to_string())?, c)));
             let (ranges, ipam) = match ranges {
                 Ok(r) => r,
                 Err(why) => {

@@ -57,9 +57,10 @@ impl Backend {
 
     fn decode(&self, kv: &KeyValue) -> Result<Read, StoreError> {
         let claim = keys::decode(kv.key(), kv.value()).map_err(|e| {
-            StoreError::Backend(format!(
-                "{e}; fix or delete the key with etcdctl (see docs/stores.md)"
-            ))
+            StoreError::backend_caused(
+                format!("{e}; fix or delete the key with etcdctl (see docs/stores.md)"),
+                e,
+            )
         })?;
         Ok(Read {
             claim,
@@ -181,7 +182,7 @@ impl Backend {
             fresh.iter().map(|c| (c.pool.as_str(), c.address)).collect();
         let ops = fresh.len() * 4 + reattach.len() * 5 + pools.len() + 1;
         if ops > MAX_TXN_OPS || fresh.len() + reattach.len() > MAX_TXN_OPS {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend(format!(
                 "a batch of {} addresses needs {ops} etcd operations, more than etcd's \
                  --max-txn-ops ({MAX_TXN_OPS}); allocate fewer addresses per pod",
                 fresh.len() + reattach.len()
@@ -343,7 +344,7 @@ impl Backend {
             }
             reads = self.read_existing(&changed).await?;
         }
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::unavailable(format!(
             "claims kept changing while being {what}; retry"
         )))
     }

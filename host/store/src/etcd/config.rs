@@ -111,10 +111,9 @@ impl EtcdStore {
             if resp.succeeded() {
                 Ok(())
             } else {
-                Err(StoreError::Unavailable(
+                Err(StoreError::unavailable(
                     "another apply changed these objects meanwhile; nothing was written: run \
-                     the apply again"
-                        .into(),
+                     the apply again",
                 ))
             }
         })

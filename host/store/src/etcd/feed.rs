@@ -293,7 +293,7 @@ async fn watch_once(inner: &Backend, backoff: &mut Backoff) -> Result<(), StoreE
     loop {
         let resp = responses.message().await.map_err(|e| inner.err(e))?;
         let Some(resp) = resp else {
-            return Err(StoreError::Unavailable("the watch stream ended".into()));
+            return Err(StoreError::unavailable("the watch stream ended"));
         };
         if resp.compact_revision() > 0 {
             // The history after our progress is gone: start over at the current revision;
@@ -308,7 +308,7 @@ async fn watch_once(inner: &Backend, backoff: &mut Backoff) -> Result<(), StoreE
             return Ok(());
         }
         if resp.canceled() {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "etcd cancelled the watch: {}",
                 resp.cancel_reason()
             )));

@@ -194,8 +194,8 @@ impl Backend {
             tokio::spawn(async move { me.write_queue(name, cidr).await });
         }
         let answer = answer.await.map_err(|_| {
-            StoreError::Unavailable(
-                "the block's writer stopped before writing this change; try again".to_string(),
+            StoreError::unavailable(
+                "the block's writer stopped before writing this change; try again",
             )
         })??;
         Ok(*answer
@@ -327,7 +327,7 @@ impl Backend {
                 Err(e) => return Err(super::api_error(&what, e)),
             }
         }
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::unavailable(format!(
             "IPBlock {name}: {MAX_ATTEMPTS} writes in a row lost to other writers; try again"
         )))
     }

@@ -39,11 +39,12 @@ impl Backend {
                 // Written since it was seen empty (409), or already gone (404): nothing to do.
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
                 Err(kube::Error::Api(s)) if s.code == 403 => {
-                    return Err(StoreError::Backend(format!(
+                    let message = format!(
                         "{what}: {}. The controller's ServiceAccount needs delete on \
                          ipblocks.allot.dev (the Helm chart's ClusterRole grants it)",
                         s.message
-                    )));
+                    );
+                    return Err(StoreError::backend_caused(message, kube::Error::Api(s)));
                 }
                 Err(e) => return Err(super::api_error(&what, e)),
             }

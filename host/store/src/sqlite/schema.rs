@@ -89,7 +89,7 @@ pub(crate) fn family(address: IpAddr) -> i64 {
 
 pub(crate) fn seconds(address: IpAddr, t: u64) -> Result<i64, StoreError> {
     i64::try_from(t)
-        .map_err(|_| StoreError::Backend(format!("claim for {address}: time {t} is out of range")))
+        .map_err(|_| StoreError::backend(format!("claim for {address}: time {t} is out of range")))
 }
 
 /// Creates the missing parent directories (0700) and the file (0600), so that permission
@@ -98,8 +98,8 @@ pub(crate) fn seconds(address: IpAddr, t: u64) -> Result<i64, StoreError> {
 pub(crate) fn prepare_file(path: &Path) -> Result<(), StoreError> {
     let hint = "run as root, or pass --state with a writable path";
     if path.as_os_str().is_empty() {
-        return Err(StoreError::Backend(
-            "the state file path is empty: pass --state with a file path".into(),
+        return Err(StoreError::backend(
+            "the state file path is empty: pass --state with a file path",
         ));
     }
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
@@ -114,14 +114,17 @@ pub(crate) fn prepare_file(path: &Path) -> Result<(), StoreError> {
                 io::ErrorKind::PermissionDenied => format!("permission denied: {hint}"),
                 _ => e.to_string(),
             };
-            StoreError::Backend(format!(
-                "cannot create the directory {} for the state file: {why}",
-                parent.display()
-            ))
+            StoreError::backend_caused(
+                format!(
+                    "cannot create the directory {} for the state file: {why}",
+                    parent.display()
+                ),
+                e,
+            )
         })?;
     }
     if path.is_dir() {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "{} is a directory: pass the path of the state file (e.g. {}/claims.db)",
             path.display(),
             path.display()
@@ -137,10 +140,10 @@ pub(crate) fn prepare_file(path: &Path) -> Result<(), StoreError> {
             io::ErrorKind::ReadOnlyFilesystem => format!("read-only file system: {hint}"),
             _ => e.to_string(),
         };
-        StoreError::Backend(format!(
-            "cannot open the state file {}: {why}",
-            path.display()
-        ))
+        StoreError::backend_caused(
+            format!("cannot open the state file {}: {why}", path.display()),
+            e,
+        )
     })
 }
 
@@ -168,7 +171,7 @@ pub(crate) fn migrate(
     path: &Path,
     busy_timeout: Duration,
 ) -> Result<(), StoreError> {
-    let fail = |what: &str, e: rusqlite::Error| describe(path, what, &e, busy_timeout);
+    let fail = |what: &str, e: rusqlite::Error| describe(path, what, e, busy_timeout);
     let header = |conn: &Connection| -> rusqlite::Result<(i32, i32)> {
         let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
         let version: i32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -186,14 +189,14 @@ pub(crate) fn migrate(
     // Another process may have migrated it meanwhile.
     let (app, version) = header(&tx).map_err(|e| fail("cannot read the schema version", e))?;
     if app != 0 && app != APPLICATION_ID {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "{} is a SQLite database of another application (application_id {app:#x}, allot's is \
              {APPLICATION_ID:#x}): pass --state with a path of its own",
             path.display()
         )));
     }
     if !(0..=SCHEMA_VERSION).contains(&version) {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "{} has schema version {version}, newer than this allot understands ({SCHEMA_VERSION}): \
              run a newer allot, or restore a backup taken before the upgrade",
             path.display()
@@ -205,7 +208,7 @@ pub(crate) fn migrate(
             .and_then(|mut stmt| stmt.query_map([], |r| r.get(0))?.collect())
             .map_err(|e| fail("cannot read the schema", e))?;
         if !tables.is_empty() {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend(format!(
                 "{} is a SQLite database but not an allot state file (it has tables {}): pass \
                  --state with a path of its own",
                 path.display(),
@@ -235,7 +238,7 @@ pub(crate) fn migrate(
 pub(crate) fn describe(
     path: &Path,
     what: &str,
-    e: &rusqlite::Error,
+    e: rusqlite::Error,
     busy_timeout: Duration,
 ) -> StoreError {
     let hint = match e.sqlite_error_code() {
@@ -263,9 +266,9 @@ pub(crate) fn describe(
     match e.sqlite_error_code() {
         // Someone else's transaction: retrying later may well succeed.
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-            StoreError::Unavailable(message)
+            StoreError::unavailable_caused(message, e)
         }
-        _ => StoreError::Backend(message),
+        _ => StoreError::backend_caused(message, e),
     }
 }
 

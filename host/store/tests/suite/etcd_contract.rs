@@ -190,7 +190,7 @@ fn a_connection_lost_mid_batch_leaves_nothing_half_written() {
     assert!(
         outcomes
             .iter()
-            .all(|(_, r)| matches!(r, Ok(()) | Err(StoreError::Unavailable(_)))),
+            .all(|(_, r)| matches!(r, Ok(()) | Err(StoreError::Unavailable { .. }))),
         "a lost connection is Unavailable: {:?}",
         outcomes.iter().find(|(_, r)| r.is_err())
     );

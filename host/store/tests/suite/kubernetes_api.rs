@@ -302,7 +302,9 @@ fn endless_conflicts_end_as_unavailable_after_bounded_attempts() {
         },
     );
     match result {
-        Err(StoreError::Unavailable(m)) => assert!(m.contains("writes in a row lost"), "{m}"),
+        Err(StoreError::Unavailable { message: m, .. }) => {
+            assert!(m.contains("writes in a row lost"), "{m}")
+        }
         other => panic!("expected Unavailable, got {other:?}"),
     }
 }
@@ -328,7 +330,7 @@ fn forbidden_writes_name_the_missing_rbac_verb() {
         },
     );
     match result {
-        Err(StoreError::Backend(m)) => {
+        Err(StoreError::Backend { message: m, .. }) => {
             assert!(m.contains("cannot create resource \"ipblocks\""), "{m}");
             assert!(
                 m.contains("needs get, list, watch, create and update on ipblocks.allot.dev"),
@@ -392,7 +394,7 @@ fn an_api_server_that_does_not_answer_fails_the_call_within_its_budget() {
         },
     );
     assert!(
-        matches!(result, Err(StoreError::Unavailable(_))),
+        matches!(result, Err(StoreError::Unavailable { .. })),
         "{result:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -421,7 +423,7 @@ fn a_del_after_an_add_that_gave_up_sees_the_claim_its_write_landed() {
         },
     );
     assert!(
-        matches!(added, Err(StoreError::Unavailable(_))),
+        matches!(added, Err(StoreError::Unavailable { .. })),
         "{added:?}"
     );
     let held: Vec<IpAddr> = held.unwrap().iter().map(|c| c.address).collect();

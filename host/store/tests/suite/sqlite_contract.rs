@@ -27,7 +27,7 @@ const T0: u64 = 1_700_000_000;
 
 fn backend_error<T: std::fmt::Debug>(r: Result<T, StoreError>) -> String {
     match r {
-        Err(StoreError::Backend(msg)) => msg,
+        Err(StoreError::Backend { message, .. }) => message,
         other => panic!("expected a backend error, got {other:?}"),
     }
 }
@@ -355,7 +355,7 @@ fn lock_held_too_long_is_a_clear_error() {
     let a = attachment("c1", "eth0");
     // A held lock is worth retrying (the plugin reports "try again later"), not a failure.
     let msg = match store.claim(&[claim("10.0.0.1", "p", Some(&a), &pod("ns", "p", "u"), T0)]) {
-        Err(StoreError::Unavailable(msg)) => msg,
+        Err(StoreError::Unavailable { message, .. }) => message,
         other => panic!("expected Unavailable, got {other:?}"),
     };
     assert!(msg.contains(&db.display().to_string()), "{msg}");
@@ -526,7 +526,7 @@ fn a_corrupt_database_is_a_clear_error() {
     std::fs::write(&db, bytes).unwrap();
 
     let msg = match SqliteStore::open(&db) {
-        Err(StoreError::Backend(msg)) => msg,
+        Err(StoreError::Backend { message, .. }) => message,
         Err(other) => panic!("expected a backend error, got {other}"),
         Ok(store) => backend_error(store.all()),
     };

@@ -66,7 +66,7 @@ fn sixteen_clients_racing_for_100000_addresses_claim_each_exactly_once() {
                                     ambiguous.push(i)
                                 }
                                 Err(StoreError::Conflict(a)) if a == claim.address => lost += 1,
-                                Err(StoreError::Unavailable(e)) if tries < 5 => {
+                                Err(StoreError::Unavailable { message: e, .. }) if tries < 5 => {
                                     tries += 1;
                                     eprintln!("client {t}: retrying {}: {e}", claim.address);
                                     continue;
