@@ -111,15 +111,23 @@ impl Leadership {
     }
 
     fn renewed(&self, until: Instant) {
-        *self
-            .inner
-            .valid_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(until);
+        let was_leading = {
+            let mut valid_until = self
+                .inner
+                .valid_until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let was = valid_until.is_some_and(|t| Instant::now() < t);
+            *valid_until = Some(until);
+            was
+        };
+        // Announced also after a lapse: a renewal that came after the renew deadline (a slow
+        // API server) let `is_leading` turn false on its own, with nothing sent, and whoever
+        // waits in `until_leading` must hear of the renewal that ends the lapse.
         self.inner.changes.send_if_modified(|leading| {
-            let was = *leading;
+            let announce = !*leading || !was_leading;
             *leading = true;
-            !was
+            announce
         });
     }
 
@@ -318,4 +326,54 @@ async fn give_up(api: &Api<Lease>, config: &LeaseConfig) -> Result<(), kube::Err
     api.replace(&config.name, &PostParams::default(), &lease)
         .await
         .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The autopool and declared-pool passes wait in `until_leading`; after a renewal that came
+    /// too late (the API server restarting) they waited forever, and Deployments got no pools.
+    #[tokio::test]
+    async fn a_renewal_after_a_lapse_wakes_whoever_waits_to_lead() {
+        let leadership = Leadership::default();
+        leadership.renewed(Instant::now() + Duration::from_millis(20));
+        assert!(leadership.is_leading());
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(!leadership.is_leading(), "the renew deadline passed");
+
+        let waiting = tokio::spawn({
+            let leadership = leadership.clone();
+            async move { leadership.until_leading().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // A round that took longer than the renew deadline: held, but not valid to act on.
+        leadership.renewed(Instant::now() - Duration::from_millis(1));
+        assert!(!leadership.is_leading());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "woken, but not leading yet");
+        leadership.renewed(Instant::now() + Duration::from_secs(10));
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("until_leading returns once the lease is renewed in time")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn losing_and_winning_again_is_announced_once_each() {
+        let leadership = Leadership::default();
+        let mut changes = leadership.subscribe();
+        leadership.renewed(Instant::now() + Duration::from_secs(10));
+        leadership.renewed(Instant::now() + Duration::from_secs(10));
+        assert!(changes.has_changed().unwrap());
+        assert!(*changes.borrow_and_update());
+        assert!(
+            !changes.has_changed().unwrap(),
+            "a renewal in time is no news"
+        );
+        leadership.lost();
+        assert!(!*changes.borrow_and_update());
+        leadership.lost();
+        assert!(!changes.has_changed().unwrap());
+    }
 }
