@@ -7,6 +7,7 @@
 //! Event.
 
 use allot_k8s::openapi::api::core::v1::ObjectReference;
+use kube::core::Status;
 use kube::runtime::events::{Event, Recorder, Reporter};
 
 #[derive(Clone)]
@@ -26,9 +27,66 @@ impl Events {
         }
     }
 
+    /// Publishes `event`. One about an object whose namespace is being deleted is dropped:
+    /// the API server refuses new objects there (403, cause NamespaceTerminating) and nobody
+    /// could read it, so it is no failure worth a warning (a pod's addresses are released as
+    /// its namespace goes, one refusal per pod).
     pub async fn publish(&self, event: &Event, regarding: &ObjectReference) -> kube::Result<()> {
-        Recorder::new(self.client.clone(), self.reporter.clone())
+        match Recorder::new(self.client.clone(), self.reporter.clone())
             .publish(event, regarding)
             .await
+        {
+            Err(kube::Error::Api(status)) if namespace_terminating(&status) => {
+                tracing::debug!(reason = %event.reason, "Event dropped: {}", status.message);
+                Ok(())
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether the API server refused a write because its namespace is being deleted
+/// (`StatusCause` reason `NamespaceTerminating`, from the NamespaceLifecycle admission plugin).
+fn namespace_terminating(status: &Status) -> bool {
+    status.code == 403
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::response::{StatusCause, StatusDetails};
+
+    fn forbidden(cause: &str) -> Status {
+        Status::failure("forbidden", "Forbidden")
+            .with_code(403)
+            .with_details(StatusDetails {
+                causes: vec![StatusCause {
+                    reason: cause.into(),
+                    message: "namespace is being terminated".into(),
+                    field: "metadata.namespace".into(),
+                }],
+                name: String::new(),
+                group: String::new(),
+                kind: "events".into(),
+                uid: String::new(),
+                retry_after_seconds: 0,
+            })
+    }
+
+    #[test]
+    fn only_a_refusal_for_a_terminating_namespace_is_dropped() {
+        assert!(namespace_terminating(&forbidden("NamespaceTerminating")));
+        // RBAC's refusal must still be reported: the chart's ClusterRole would be wrong.
+        assert!(!namespace_terminating(&forbidden("")));
+        assert!(!namespace_terminating(
+            &Status::failure("forbidden", "Forbidden").with_code(403)
+        ));
+        assert!(!namespace_terminating(
+            &forbidden("NamespaceTerminating").with_code(409)
+        ));
     }
 }
