@@ -10,8 +10,8 @@
 //! * A sandbox **holds** an address from the return of an ADD that gave it the address until
 //!   the invocation of its first DEL: from then on the runtime has let the address go, whether
 //!   that DEL succeeds, fails or never answers.
-//! * An operation **may release** an address when it reports releasing it, or when it did not
-//!   end in success and could have released it (a DEL or ADD of the holder's attachment, a GC,
+//! * An operation **may release** an address when it reports releasing it, or when it got no
+//!   reply (or is a GC that failed part way) and could have released it (a DEL or ADD of the holder's attachment, a GC,
 //!   a journal replay): like a linearizability checker (porcupine in etcd's robustness tests),
 //!   an operation without a reply is taken as possibly applied *or* not, and a violation is
 //!   reported only when no choice explains the history.
@@ -298,19 +298,20 @@ fn at_quiescence(
 }
 
 /// Whether `op` may have released `address` while `attachment` held it (see the module's
-/// documentation): it says so, or it did not succeed and is a release of that attachment's
+/// documentation): it says so, or it got no reply and is a release of that attachment's
 /// claims (a DEL, or an ADD that serves a journaled DEL first) or of anyone's (GC, a replay).
 fn may_release(op: &Op, address: IpAddr, attachment: &str) -> bool {
     if op.released.contains(&address) {
         return true;
     }
-    if op.outcome == Outcome::Ok {
-        return false;
-    }
-    match op.verb {
-        Verb::Add | Verb::Del => op.attachment.as_deref() == Some(attachment),
-        Verb::Gc | Verb::Replay => true,
-        Verb::Check | Verb::Crash | Verb::Restart => false,
+    match (&op.outcome, op.verb) {
+        (Outcome::Ok, _) => false,
+        (Outcome::Unknown, Verb::Add | Verb::Del) => op.attachment.as_deref() == Some(attachment),
+        (Outcome::Unknown, Verb::Gc | Verb::Replay) => true,
+        // GC releases in batches of a transaction each: one that failed may have committed
+        // the batches before it. Any other error took no effect.
+        (Outcome::Err(_), Verb::Gc) => true,
+        _ => false,
     }
 }
 

@@ -37,7 +37,7 @@ pub enum Verb {
 #[serde(rename_all = "kebab-case", tag = "outcome", content = "message")]
 pub enum Outcome {
     Ok,
-    /// Refused or failed: took no effect (but for the releases it reports).
+    /// Refused or failed: took no effect (but a GC, whose batches commit one by one).
     Err(String),
     /// No reply: it may or may not have taken effect.
     Unknown,
@@ -75,21 +75,6 @@ pub struct Op {
     /// The fault injected into it, if any.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
-}
-
-impl Op {
-    /// Whether the operation may have released `address`: it says so, or its outcome is unknown
-    /// and its verb releases (an ADD may serve a journaled DEL of its attachment first).
-    pub fn may_release(&self, address: IpAddr) -> bool {
-        self.released.contains(&address)
-            || (self.outcome == Outcome::Unknown
-                && matches!(self.verb, Verb::Add | Verb::Del | Verb::Gc | Verb::Replay))
-    }
-
-    /// Whether the operation touches `address` at all: returns it, releases it, or may have.
-    pub fn touches(&self, address: IpAddr) -> bool {
-        self.addresses.contains(&address) || self.may_release(address)
-    }
 }
 
 /// A claim as the store holds it at the end.
