@@ -236,7 +236,7 @@ impl World {
             unavailable: 20,
             crash_before: 8,
             crash_after_write: 15,
-            interleave: if nodes > 1 { 80 } else { 0 },
+            interleave: 80,
         };
         Arc::new_cyclic(|me| World {
             me: me.clone(),
@@ -319,11 +319,11 @@ impl World {
         for _ in 0..100 {
             self.faults.lock().dead[node] = false;
             let inner: Arc<dyn Store> = Arc::new(SqliteStore::open(&self.db)?);
-            let between: Option<Between> = (self.nodes.len() > 1).then(|| {
+            let between: Option<Between> = Some({
                 let world = self.me.clone();
-                Arc::new(move |from: usize| {
+                Arc::new(move |from: usize, step: &str| {
                     if let Some(world) = world.upgrade() {
-                        world.interleave(from);
+                        world.interleave(from, step);
                     }
                 }) as Between
             });
@@ -406,8 +406,20 @@ impl World {
         Ok(())
     }
 
-    /// Another node's operation, run between two store steps of `from`'s.
-    fn interleave(&self, from: usize) {
+    /// Another operation, run between two store steps of `from`'s: right before an ADD's
+    /// claim, now and then a GC of the same node (the agent serves a GC while an ADD waits for
+    /// the store; GC takes no attachment lock, so it can run there); otherwise another node's
+    /// ADD, DEL, GC or tick.
+    fn interleave(&self, from: usize, step: &str) {
+        if step == "claim" && self.roll(2) == 0 {
+            // Not restarted here when it dies: the ADD it interrupted dies with it and its
+            // caller restarts the node.
+            self.faults.lock().counts.interleaved += 1;
+            let outer = self.notes_of(from);
+            self.gc_once(from);
+            self.faults.lock().notes[from].splice(0..0, outer);
+            return;
+        }
         let others: Vec<usize> = (0..self.nodes.len())
             .filter(|&n| n != from && !self.is_dead(n) && self.engine(n).is_some())
             .collect();
@@ -415,6 +427,7 @@ impl World {
             return;
         }
         let node = others[self.roll(others.len() as u64) as usize];
+        self.faults.lock().counts.interleaved += 1;
         let live = |s: &Sandbox| s.node == node && s.life == Life::Live;
         let result = match self.roll(4) {
             0 => self.new_sandbox(node),

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use allot_robustness::sim::store::FaultCounts;
+use allot_robustness::sim::store::{FaultCounts, Sabotage};
 use allot_robustness::sim::{self, Options, Report, Scenario};
 use clap::Parser;
 
@@ -39,6 +39,11 @@ struct Args {
     /// Write the history of the first failing seed (or of --seed) here, as JSON lines.
     #[arg(long)]
     history: Option<PathBuf>,
+    /// Break the store on purpose, to see the checker catch it: release-another (a DEL also
+    /// frees another attachment's claim now and then) or double-allocate (a claim overwrites
+    /// one that exists).
+    #[arg(long, value_parser = ["release-another", "double-allocate"])]
+    sabotage: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -64,7 +69,11 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let options = Options {
         steps: args.steps,
-        sabotage: None,
+        sabotage: match args.sabotage.as_deref() {
+            Some("release-another") => Some(Sabotage::ReleaseAnother),
+            Some("double-allocate") => Some(Sabotage::DoubleAllocate),
+            _ => None,
+        },
     };
     let mut failed = false;
     for scenario in scenarios {

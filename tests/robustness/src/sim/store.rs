@@ -1,7 +1,8 @@
 //! The claim store as one node's agent sees it: the real SQLite store, with faults injected
 //! between store steps (every call is a step): the store unavailable for a moment, the agent
-//! process killed before a step or right after a write committed, and another node's operation
-//! run in between (agents sharing a store interleave at exactly these points). All of it is
+//! process killed before a step or right after a write committed, and another operation run in
+//! between: another node's (agents sharing a store interleave at exactly these points), or a
+//! GC of the same node's right before an ADD's claim (the agent serves verbs concurrently). All of it is
 //! drawn from the run's one seeded generator, so a seed replays exactly.
 //!
 //! A [`Sabotage`] makes the store wrong on purpose, for the tests that prove the checker
@@ -34,7 +35,8 @@ pub struct Rates {
     pub crash_before: u64,
     /// Of write steps only.
     pub crash_after_write: u64,
-    /// Another node's operation run before the step (several nodes only).
+    /// Another operation run before the step: another node's, or a GC of the same node's
+    /// before an ADD's claim.
     pub interleave: u64,
 }
 
@@ -116,8 +118,9 @@ impl Faults {
     }
 }
 
-/// Runs another node's operation between two steps of `node`'s (the world's scheduler).
-pub type Between = Arc<dyn Fn(usize) + Send + Sync>;
+/// Runs another operation between two steps of `node`'s (the world's scheduler): the node
+/// and the step about to be taken.
+pub type Between = Arc<dyn Fn(usize, &str) + Send + Sync>;
 
 /// Whether a step goes ahead, or the process dies right after it.
 enum Step {
@@ -164,13 +167,12 @@ impl FaultyStore {
                 self.between.is_some() && s.enabled && !s.interleaving && roll < s.rates.interleave;
             if go {
                 s.interleaving = true;
-                s.counts.interleaved += 1;
             }
             go
         };
         if interleave {
             if let Some(between) = &self.between {
-                between(self.node);
+                between(self.node, what);
             }
             self.faults.lock().interleaving = false;
         }

@@ -67,7 +67,7 @@ impl World {
     }
 
     /// The faults injected into `node`'s operation so far, and forgets them.
-    fn notes(&self, node: usize) -> Vec<String> {
+    pub(super) fn notes_of(&self, node: usize) -> Vec<String> {
         std::mem::take(&mut self.faults.lock().notes[node])
     }
 
@@ -156,7 +156,7 @@ impl World {
         if let Served::Done(Ok(out)) = &served {
             op.addresses = out.allocations.iter().map(|a| a.address).collect();
         }
-        let op = self.finish(op, &served, self.notes(s.node));
+        let op = self.finish(op, &served, self.notes_of(s.node));
         let ok = op.outcome == Outcome::Ok;
         self.record(op);
         self.restart_if_dead(s.node)?;
@@ -206,7 +206,7 @@ impl World {
         if let Served::Done(Ok(touched)) = &served {
             op.released = released(touched);
         }
-        let mut notes = self.notes(s.node);
+        let mut notes = self.notes_of(s.node);
         if journaled {
             notes.push("journaled by the agent".into());
         }
@@ -234,13 +234,19 @@ impl World {
         if let Served::Done(Ok(out)) = &served {
             op.addresses = out.allocations.iter().map(|a| a.address).collect();
         }
-        let op = self.finish(op, &served, self.notes(s.node));
+        let op = self.finish(op, &served, self.notes_of(s.node));
         self.record(op);
         self.restart_if_dead(s.node)
     }
 
     /// CNI GC on `node`, with every attachment its runtime still has.
     pub(super) fn gc(&self, node: usize) -> anyhow::Result<()> {
+        self.gc_once(node);
+        self.restart_if_dead(node)
+    }
+
+    /// [`World::gc`], leaving a node that died under it dead.
+    pub(super) fn gc_once(&self, node: usize) {
         let valid: BTreeSet<Attachment> = lock(&self.sandboxes)
             .iter()
             .filter(|s| s.node == node && matches!(s.life, Life::Adding | Life::Live))
@@ -252,15 +258,14 @@ impl World {
         if let Served::Done(Ok(report)) = &served {
             op.released = released(&report.released);
         }
-        let op = self.finish(op, &served, self.notes(node));
+        let op = self.finish(op, &served, self.notes_of(node));
         self.record(op);
-        self.restart_if_dead(node)
     }
 
     /// The agent's periodic work on `node`: follow the change feed, replay the journal.
     pub(super) fn sync(&self, node: usize) -> anyhow::Result<()> {
         let served = self.serve(node, |engine, _| engine.tick());
-        self.notes(node);
+        self.notes_of(node);
         if matches!(served, Served::Died) {
             return self.restart_if_dead(node);
         }
@@ -293,7 +298,7 @@ impl World {
             Ok(())
         });
         op.released = released(&touched);
-        let mut notes = self.notes(node);
+        let mut notes = self.notes_of(node);
         if !failed.is_empty() {
             notes.push(format!("left for later: {}", failed.join(", ")));
         }
