@@ -39,6 +39,9 @@ pub enum ViolationKind {
     /// The address was handed to a sandbox after its previous holder had gone, but before any
     /// operation that could have released it: the store still held it.
     ClaimedWhileHeld,
+    /// A live sandbox's repeated ADD, or its CHECK, answered other addresses than its first
+    /// ADD gave it (ADD and CHECK are idempotent per attachment).
+    Changed,
     /// After quiescence, the store holds the address for no live sandbox.
     Leaked,
     /// After quiescence, a live sandbox's address is not held for it in the store.
@@ -51,6 +54,7 @@ impl fmt::Display for ViolationKind {
             ViolationKind::TwoLiveHolders => "two live holders",
             ViolationKind::ReleasedWhileHeld => "released while held",
             ViolationKind::ClaimedWhileHeld => "claimed while held",
+            ViolationKind::Changed => "changed",
             ViolationKind::Leaked => "leaked",
             ViolationKind::Lost => "lost",
         })
@@ -137,6 +141,7 @@ pub fn check(history: &History) -> Vec<Violation> {
         released_while_held(address, held, &ops, &mut violations);
         claimed_while_held(address, held, &ops, &mut violations);
     }
+    changed(&ops, &first_del, &mut violations);
     if let Some(claims) = &history.quiescent {
         at_quiescence(history, claims, &ops, &mut violations);
     }
@@ -211,6 +216,54 @@ fn claimed_while_held(address: IpAddr, held: &[Holding], ops: &[&Op], out: &mut 
                 window: window(address, a.add, b.add, ops, a.attachment),
             });
         }
+    }
+}
+
+fn changed(ops: &[&Op], first_del: &BTreeMap<&str, u64>, out: &mut Vec<Violation>) {
+    let mut first_add: BTreeMap<&str, &Op> = BTreeMap::new();
+    for op in ops
+        .iter()
+        .filter(|o| matches!(o.verb, Verb::Add | Verb::Check) && o.outcome == Outcome::Ok)
+    {
+        let Some(sandbox) = op.sandbox.as_deref() else {
+            continue;
+        };
+        if first_del.get(sandbox).is_some_and(|&del| del <= op.call) {
+            continue;
+        }
+        let Some(first) = first_add.get(sandbox) else {
+            if op.verb == Verb::Add {
+                first_add.insert(sandbox, op);
+            }
+            continue;
+        };
+        let sorted = |o: &Op| o.addresses.iter().copied().collect::<BTreeSet<IpAddr>>();
+        if sorted(first) == sorted(op) {
+            continue;
+        }
+        let address = first
+            .addresses
+            .iter()
+            .chain(&op.addresses)
+            .copied()
+            .find(|a| !(first.addresses.contains(a) && op.addresses.contains(a)))
+            .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        out.push(Violation {
+            kind: ViolationKind::Changed,
+            address,
+            sandboxes: vec![sandbox.into()],
+            detail: format!(
+                "{sandbox}'s {:?} op {} answered {:?}, its first ADD (op {}) {:?}",
+                op.verb, op.id, op.addresses, first.id, first.addresses
+            ),
+            window: window(
+                address,
+                first,
+                op,
+                ops,
+                first.attachment.as_deref().unwrap_or(""),
+            ),
+        });
     }
 }
 

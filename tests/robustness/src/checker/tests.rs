@@ -224,3 +224,31 @@ fn the_window_is_the_two_operations_and_what_touched_the_address_between() {
     let text = two.to_string();
     assert!(text.starts_with("two live holders on 10.0.0.2"), "{text}");
 }
+
+#[test]
+fn a_repeated_add_or_check_that_answers_otherwise_has_changed() {
+    let kinds = Builder::default()
+        .add("s1", A, 1, 2)
+        .op(Verb::Check, Some("s1"), &[A], &[], 3, 4, Outcome::Ok)
+        .add("s1", A, 5, 6)
+        .kinds();
+    assert_eq!(kinds, vec![]);
+    let kinds = Builder::default()
+        .add("s1", A, 1, 2)
+        .op(
+            Verb::Check,
+            Some("s1"),
+            &["10.0.0.3"],
+            &[],
+            3,
+            4,
+            Outcome::Ok,
+        )
+        .kinds();
+    assert_eq!(kinds, vec![ViolationKind::Changed]);
+    let kinds = Builder::default()
+        .add("s1", A, 1, 2)
+        .add("s1", "10.0.0.3", 3, 4)
+        .kinds();
+    assert_eq!(kinds, vec![ViolationKind::Changed]);
+}
