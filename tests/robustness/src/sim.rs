@@ -98,6 +98,8 @@ pub struct Report {
     pub history: History,
     pub violations: Vec<Violation>,
     pub faults: FaultCounts,
+    /// Create-if-absent races the engines lost to another node and retried.
+    pub lost_races: u64,
 }
 
 impl Report {
@@ -150,12 +152,18 @@ pub fn run(seed: u64, scenario: Scenario, options: &Options) -> anyhow::Result<R
     };
     let violations = checker::check(&history);
     let faults = world.faults.lock().counts;
+    let lost_races = world.lost_races.load(Ordering::SeqCst)
+        + (0..world.nodes.len())
+            .filter_map(|n| world.engine(n))
+            .map(|e| e.lost_races())
+            .sum::<u64>();
     Ok(Report {
         seed,
         scenario,
         history,
         violations,
         faults,
+        lost_races,
     })
 }
 
@@ -205,6 +213,8 @@ struct World {
     /// The history's logical clock: one tick per invocation or completion.
     time: AtomicU64,
     next_op: AtomicU64,
+    /// Lost races of engines that died (a live engine counts its own).
+    lost_races: AtomicU64,
     nodes: Vec<Node>,
     sandboxes: Mutex<Vec<Sandbox>>,
     history: Mutex<Vec<Op>>,
@@ -260,6 +270,7 @@ impl World {
             seconds: Arc::new(AtomicU64::new(1_000_000)),
             time: AtomicU64::new(0),
             next_op: AtomicU64::new(1),
+            lost_races: AtomicU64::new(0),
             nodes: (0..nodes)
                 .map(|n| Node {
                     name: format!("node-{n}"),
@@ -360,7 +371,10 @@ impl World {
         let note = self.faults.lock().crash_note[node]
             .take()
             .unwrap_or_else(|| "killed".into());
-        *lock(&self.nodes[node].engine) = None;
+        if let Some(engine) = lock(&self.nodes[node].engine).take() {
+            self.lost_races
+                .fetch_add(engine.lost_races(), Ordering::SeqCst);
+        }
         let call = self.tick();
         let mut op = self.op(node, Verb::Crash, call);
         op.note = note;

@@ -69,6 +69,9 @@ fn a_thousand_seeds_of_each_scenario_keep_every_promise() {
         assert!(f.idle_kills > 50, "{scenario}: {f:?}");
         if scenario == Scenario::SqliteShared {
             assert!(f.interleaved > 1000, "{scenario}: {f:?}");
+            // Nodes raced for one address and the store's create-if-absent settled it.
+            let lost: u64 = reports.iter().map(|r| r.lost_races).sum();
+            assert!(lost > 50, "{scenario}: only {lost} lost races");
         }
         // And pools must have run out now and then.
         let exhausted = reports

@@ -117,7 +117,10 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             totals.violations,
             elapsed.as_secs_f64()
         );
-        println!("  faults: {:?}", totals.faults);
+        println!(
+            "  faults: {:?}; lost create-if-absent races (retried): {}",
+            totals.faults, totals.lost_races
+        );
         for e in errors.into_inner().unwrap() {
             eprintln!("  error: {e}");
             failed = true;
@@ -160,6 +163,7 @@ struct Totals {
     operations: u64,
     crashes: u64,
     violations: u64,
+    lost_races: u64,
     faults: FaultCounts,
 }
 
@@ -169,6 +173,7 @@ impl Totals {
         self.operations += report.operations() as u64;
         self.crashes += report.crashes() as u64;
         self.violations += report.violations.len() as u64;
+        self.lost_races += report.lost_races;
         self.faults.add(&report.faults);
     }
 }
