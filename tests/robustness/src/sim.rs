@@ -31,7 +31,7 @@ use allot_store::SqliteStore;
 use crate::checker::{self, Violation};
 use crate::history::{History, Op, Outcome, StoredClaim, Verb};
 use policy::CniDefaultsPolicy;
-use store::{Between, FaultCounts, Faults, FaultyStore, Rates, Sabotage};
+use store::{Between, FaultCounts, Faults, FaultyStore, Rates};
 
 /// What is simulated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +69,21 @@ impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// A deliberately broken store or agent, to prove the checker catches one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sabotage {
+    /// A DEL also silently releases one claim of another attachment, now and then: the bug
+    /// of an IPAM that frees by the wrong key.
+    ReleaseAnother,
+    /// A claim of an address already claimed overwrites the claim instead of failing: a
+    /// create-if-absent that is not one.
+    DoubleAllocate,
+    /// An ADD does not settle its attachment's journaled DEL first: the DEL, replayed later,
+    /// releases what the re-ADD of a reused container ID was given (an allot bug once: the
+    /// journal replayed after a re-ADD).
+    AddBeforeJournal,
 }
 
 /// How a run goes.

@@ -1,13 +1,14 @@
 //! The simulation as `make unit` runs it: a thousand seeds of each scenario keep every promise,
-//! a seed replays exactly, and a store broken on purpose is caught (so that a campaign with
-//! no violation means something).
+//! a seed replays exactly, and a store or agent broken on purpose is caught (so that a
+//! campaign with no violation means something).
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use allot_robustness::checker::ViolationKind;
-use allot_robustness::sim::store::{FaultCounts, Sabotage};
+use allot_robustness::sim::Sabotage;
+use allot_robustness::sim::store::FaultCounts;
 use allot_robustness::sim::{self, Options, Report, Scenario};
 
 /// Runs `seeds` of `scenario` on two threads; the reports, by seed.
@@ -122,4 +123,15 @@ fn a_store_that_releases_another_attachments_claim_is_caught() {
 fn a_store_whose_claims_overwrite_is_caught() {
     let kinds = caught(Scenario::SqliteShared, Sabotage::DoubleAllocate, 200);
     assert!(kinds.contains(&ViolationKind::TwoLiveHolders), "{kinds:?}");
+}
+
+#[test]
+fn an_agent_that_adds_before_settling_the_journal_is_caught() {
+    // A past allot bug: the DEL journaled for a container ID, replayed after the re-ADD of the
+    // same container ID, releases what the re-ADD was given.
+    let kinds = caught(Scenario::SqliteNode, Sabotage::AddBeforeJournal, 400);
+    assert!(
+        kinds.contains(&ViolationKind::ReleasedWhileHeld),
+        "{kinds:?}"
+    );
 }

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use allot_robustness::sim::store::{FaultCounts, Sabotage};
+use allot_robustness::sim::Sabotage;
+use allot_robustness::sim::store::FaultCounts;
 use allot_robustness::sim::{self, Options, Report, Scenario};
 use clap::Parser;
 
@@ -39,10 +40,11 @@ struct Args {
     /// Write the history of the first failing seed (or of --seed) here, as JSON lines.
     #[arg(long)]
     history: Option<PathBuf>,
-    /// Break the store on purpose, to see the checker catch it: release-another (a DEL also
-    /// frees another attachment's claim now and then) or double-allocate (a claim overwrites
-    /// one that exists).
-    #[arg(long, value_parser = ["release-another", "double-allocate"])]
+    /// Break the store or the agent on purpose, to see the checker catch it: release-another
+    /// (a DEL also frees another attachment's claim now and then), double-allocate (a claim
+    /// overwrites one that exists) or add-before-journal (an ADD does not settle its
+    /// attachment's journaled DEL first).
+    #[arg(long, value_parser = ["release-another", "double-allocate", "add-before-journal"])]
     sabotage: Option<String>,
 }
 
@@ -72,6 +74,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         sabotage: match args.sabotage.as_deref() {
             Some("release-another") => Some(Sabotage::ReleaseAnother),
             Some("double-allocate") => Some(Sabotage::DoubleAllocate),
+            Some("add-before-journal") => Some(Sabotage::AddBeforeJournal),
             _ => None,
         },
     };

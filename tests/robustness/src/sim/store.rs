@@ -5,7 +5,7 @@
 //! GC of the same node's right before an ADD's claim (the agent serves verbs concurrently). All of it is
 //! drawn from the run's one seeded generator, so a seed replays exactly.
 //!
-//! A [`Sabotage`] makes the store wrong on purpose, for the tests that prove the checker
+//! A [`Sabotage`] of the store makes it wrong on purpose, for the tests that prove the checker
 //! catches a broken store.
 
 use std::net::IpAddr;
@@ -15,18 +15,8 @@ use allot_core::store::{
     Attachment, Changes, Claim, PodRef, Reattach, Snapshot, Store, StoreError,
 };
 
+use super::Sabotage;
 use super::rng::Rng;
-
-/// A deliberately broken store, to prove the checker catches one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sabotage {
-    /// A DEL also silently releases one claim of another attachment, now and then: the bug
-    /// of an IPAM that frees by the wrong key.
-    ReleaseAnother,
-    /// A claim of an address already claimed overwrites the claim instead of failing: a
-    /// create-if-absent that is not one.
-    DoubleAllocate,
-}
 
 /// How often each fault is injected, per thousand store steps.
 #[derive(Clone, Copy, Debug)]

@@ -12,7 +12,7 @@ use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, PodInfo};
 use allot_core::store::{Attachment, Claim, StoreError};
 use allot_engine::{AddRequest, AllocError, DelRequest, Serialized};
 
-use super::{Life, NETWORK, Node, Sandbox, SimEngine, World, lock};
+use super::{Life, NETWORK, Node, Sabotage, Sandbox, SimEngine, World, lock};
 use crate::history::{Op, Outcome, StoredClaim, Verb};
 
 /// How an operation on a node ended.
@@ -149,7 +149,11 @@ impl World {
         let mut settled = Vec::new();
         let served = self.serve(s.node, |engine, node| {
             let held = engine.serialize(&s.attachment);
-            settled = settle(engine, &node.journal, &held)?;
+            if self.faults.lock().sabotage != Some(Sabotage::AddBeforeJournal) {
+                settled = settle(engine, &node.journal, &held)?;
+            } else if lock(&node.journal).contains_key(&s.attachment) {
+                self.faults.lock().counts.sabotaged += 1;
+            }
             engine.add_serialized(&held, &request)
         });
         op.released = released(&settled);
