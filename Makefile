@@ -102,10 +102,10 @@ bench: build policies
 	$(CARGO) bench --locked -p allot-controller --bench fleet_pass
 
 # The robustness simulation (tests/robustness, docs/robustness.md): SEEDS seeds of each
-# scenario, or of SCENARIO (sqlite-node, sqlite-shared), on JOBS threads; SEED=N replays one
-# seed and writes its history to robustness-seed-N.jsonl. Not part of `make test` (`make unit`
-# runs a thousand seeds of each scenario). A failure prints the seed and the operations that
-# show each violation, and exits non-zero.
+# scenario, or of SCENARIO (sqlite-node, sqlite-shared, kube-shared), on JOBS threads; SEED=N
+# runs one seed and writes its history to robustness-seed-N.jsonl. Not part of `make test`
+# (`make unit` runs a thousand seeds of each scenario). A failure prints the seed and the
+# operations that show each violation, writes robustness-failure.jsonl and exits non-zero.
 SEEDS    ?= 100000
 JOBS     ?= 2
 SCENARIO ?= all

@@ -21,12 +21,14 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use allot_core::Pool;
 use allot_core::spec::{IpPoolSpec, ObjectMeta};
-use allot_core::store::{Attachment, Store};
+use allot_core::store::{Attachment, Clock, Store};
 use allot_engine::{DelRequest, Engine, EngineConfig};
-use allot_store::SqliteStore;
+use allot_store::{KubeConfig, KubeStore, SqliteStore};
+use allot_test_apiserver::ApiServer;
 
 use crate::checker::{self, Violation};
 use crate::history::{History, Op, Outcome, StoredClaim, Verb};
@@ -41,15 +43,26 @@ pub enum Scenario {
     /// Three nodes' agents sharing one store, their operations interleaved between store
     /// steps: what a shared store (etcd, the Kubernetes store) must survive.
     SqliteShared,
+    /// Three nodes' agents on the Kubernetes store (IPBlocks written with resourceVersion
+    /// compare-and-swap, read from a watch-fed mirror) against the in-memory API server
+    /// (`tests/apiserver`). Seeded, but not exactly replayable: each store's client and watch
+    /// run on a tokio runtime of their own, so when a node's mirror sees another's write
+    /// depends on thread timing.
+    KubeShared,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 2] = [Scenario::SqliteNode, Scenario::SqliteShared];
+    pub const ALL: [Scenario; 3] = [
+        Scenario::SqliteNode,
+        Scenario::SqliteShared,
+        Scenario::KubeShared,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Scenario::SqliteNode => "sqlite-node",
             Scenario::SqliteShared => "sqlite-shared",
+            Scenario::KubeShared => "kube-shared",
         }
     }
 
@@ -60,8 +73,13 @@ impl Scenario {
     fn nodes(self) -> usize {
         match self {
             Scenario::SqliteNode => 1,
-            Scenario::SqliteShared => 3,
+            Scenario::SqliteShared | Scenario::KubeShared => 3,
         }
+    }
+
+    /// Whether a seed replays exactly (see [`Scenario::KubeShared`]).
+    pub fn deterministic(self) -> bool {
+        self != Scenario::KubeShared
     }
 }
 
@@ -147,12 +165,13 @@ pub fn run(seed: u64, scenario: Scenario, options: &Options) -> anyhow::Result<R
     } else {
         tempfile::Builder::new().prefix("allot-sim-").tempdir()?
     };
-    let world = World::new(
-        seed,
-        scenario,
-        dir.path().join("allot.db"),
-        options.sabotage,
-    );
+    let backend = match scenario {
+        Scenario::SqliteNode | Scenario::SqliteShared => {
+            Backend::Sqlite(dir.path().join("allot.db"))
+        }
+        Scenario::KubeShared => Backend::Kube(ApiServer::new()),
+    };
+    let world = World::new(seed, scenario, backend, options.sabotage);
     for n in 0..world.nodes.len() {
         world.start(n)?;
     }
@@ -219,7 +238,7 @@ struct Node {
 
 struct World {
     me: Weak<World>,
-    db: PathBuf,
+    backend: Backend,
     config: EngineConfig,
     pools: Vec<Pool>,
     faults: Arc<Faults>,
@@ -255,7 +274,12 @@ fn pool(name: &str, subnet: &str, range: &str) -> Pool {
 }
 
 impl World {
-    fn new(seed: u64, scenario: Scenario, db: PathBuf, sabotage: Option<Sabotage>) -> Arc<World> {
+    fn new(
+        seed: u64,
+        scenario: Scenario,
+        backend: Backend,
+        sabotage: Option<Sabotage>,
+    ) -> Arc<World> {
         let nodes = scenario.nodes();
         let rates = Rates {
             unavailable: 20,
@@ -265,7 +289,7 @@ impl World {
         };
         Arc::new_cyclic(|me| World {
             me: me.clone(),
-            db,
+            backend,
             config: EngineConfig {
                 // Short enough that a run of sixty steps crosses them many times.
                 cooldown: 5,
@@ -296,6 +320,12 @@ impl World {
             sandboxes: Mutex::new(Vec::new()),
             history: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The engines' and stores' clock.
+    fn clock(&self) -> Clock {
+        let seconds = self.seconds.clone();
+        Arc::new(move || seconds.load(Ordering::SeqCst))
     }
 
     fn tick(&self) -> u64 {
@@ -344,7 +374,7 @@ impl World {
     fn start(&self, node: usize) -> anyhow::Result<()> {
         for _ in 0..100 {
             self.faults.lock().dead[node] = false;
-            let inner: Arc<dyn Store> = Arc::new(SqliteStore::open(&self.db)?);
+            let inner = self.backend.open(&self.nodes[node].name, self.clock())?;
             let between: Option<Between> = Some({
                 let world = self.me.clone();
                 Arc::new(move |from: usize, step: &str| {
@@ -354,14 +384,8 @@ impl World {
                 }) as Between
             });
             let store = FaultyStore::new(inner, node, self.faults.clone(), between);
-            let seconds = self.seconds.clone();
-            let engine = Engine::with_config(
-                store,
-                CniDefaultsPolicy,
-                self.config,
-                Arc::new(move || seconds.load(Ordering::SeqCst)),
-            )
-            .on_node(&self.nodes[node].name);
+            let engine = Engine::with_config(store, CniDefaultsPolicy, self.config, self.clock())
+                .on_node(&self.nodes[node].name);
             if engine.load(self.pools.clone(), vec![], vec![]).is_err() {
                 if self.is_dead(node) {
                     self.crashed(node);
@@ -547,9 +571,37 @@ impl World {
     }
 }
 
-/// Every claim in the store, read with a connection of its own.
-fn stored_claims(db: &std::path::Path) -> anyhow::Result<Vec<StoredClaim>> {
-    let store = SqliteStore::open(db)?;
+/// Where the claims live.
+enum Backend {
+    /// A SQLite file every node opens.
+    Sqlite(PathBuf),
+    /// The in-memory API server every node's Kubernetes store talks to.
+    Kube(ApiServer),
+}
+
+impl Backend {
+    /// A store as `node`'s agent opens it at start.
+    fn open(&self, node: &str, clock: Clock) -> anyhow::Result<Arc<dyn Store>> {
+        Ok(match self {
+            Backend::Sqlite(db) => Arc::new(SqliteStore::open(db)?),
+            Backend::Kube(server) => {
+                let server = server.clone();
+                let config = KubeConfig {
+                    kubeconfig: None,
+                    node: Some(node.into()),
+                    timeout: Some(Duration::from_secs(10)),
+                };
+                Arc::new(KubeStore::open_with(&config, clock, move || async move {
+                    Ok(server.client())
+                })?)
+            }
+        })
+    }
+}
+
+/// Every claim in the store, read with a store of its own.
+fn stored_claims(backend: &Backend, clock: Clock) -> anyhow::Result<Vec<StoredClaim>> {
+    let store = backend.open("checker", clock)?;
     let mut claims: Vec<StoredClaim> = store
         .all()?
         .into_iter()

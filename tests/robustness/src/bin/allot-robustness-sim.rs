@@ -31,7 +31,7 @@ struct Args {
     /// Threads running seeds.
     #[arg(long, default_value_t = 2)]
     jobs: usize,
-    /// sqlite-node, sqlite-shared, or all.
+    /// sqlite-node, sqlite-shared, kube-shared, or all.
     #[arg(long, default_value = "all")]
     scenario: String,
     /// Workload steps per seed before healing.
@@ -62,7 +62,9 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     let scenarios: Vec<Scenario> = match args.scenario.as_str() {
         "all" => Scenario::ALL.to_vec(),
         name => vec![Scenario::parse(name).ok_or_else(|| {
-            anyhow::anyhow!("unknown scenario {name:?}: sqlite-node, sqlite-shared or all")
+            anyhow::anyhow!(
+                "unknown scenario {name:?}: sqlite-node, sqlite-shared, kube-shared or all"
+            )
         })?],
     };
     let seeds: Vec<u64> = match args.seed {
@@ -142,10 +144,15 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             if !report.violations.is_empty() {
                 failed = true;
                 println!(
-                    "  FAILED: seed {} ({} violations); replay with: allot-robustness-sim --scenario {scenario} --seed {}",
+                    "  FAILED: seed {} ({} violations); replay with: allot-robustness-sim --scenario {scenario} --seed {}{}",
                     report.seed,
                     report.violations.len(),
-                    report.seed
+                    report.seed,
+                    if scenario.deterministic() {
+                        ""
+                    } else {
+                        " (this scenario's threads make a replay likely, not certain: its history is the record)"
+                    }
                 );
                 for v in &report.violations {
                     print!("  {v}");

@@ -347,6 +347,6 @@ impl World {
         for n in 0..self.nodes.len() {
             self.sync(n)?;
         }
-        super::stored_claims(&self.db)
+        super::stored_claims(&self.backend, self.clock())
     }
 }
