@@ -1,4 +1,4 @@
-//! The simulation as `make unit` runs it: a thousand seeds of each scenario keep every promise,
+//! The simulation as `make unit` runs it: many seeds of each scenario keep every promise,
 //! a seed replays exactly, and a store or agent broken on purpose is caught (so that a
 //! campaign with no violation means something).
 
@@ -46,21 +46,22 @@ fn faults(reports: &[Report]) -> FaultCounts {
 
 #[test]
 fn a_thousand_seeds_of_one_node_keep_every_promise() {
-    keeps_every_promise(Scenario::SqliteNode);
+    keeps_every_promise(Scenario::SqliteNode, 1000);
 }
 
 #[test]
 fn a_thousand_seeds_of_nodes_sharing_a_sqlite_store_keep_every_promise() {
-    keeps_every_promise(Scenario::SqliteShared);
+    keeps_every_promise(Scenario::SqliteShared, 1000);
 }
 
 #[test]
-fn a_thousand_seeds_of_nodes_on_the_kubernetes_store_keep_every_promise() {
-    keeps_every_promise(Scenario::KubeShared);
+fn five_hundred_seeds_of_nodes_on_the_kubernetes_store_keep_every_promise() {
+    // Fewer: each store runs a tokio runtime of its own, started at every (re)start.
+    keeps_every_promise(Scenario::KubeShared, 500);
 }
 
-fn keeps_every_promise(scenario: Scenario) {
-    let reports = campaign(scenario, 1000, &Options::default());
+fn keeps_every_promise(scenario: Scenario, seeds: u64) {
+    let reports = campaign(scenario, seeds, &Options::default());
     if let Some(failed) = reports.iter().find(|r| !r.violations.is_empty()) {
         let shown: Vec<String> = failed.violations.iter().map(|v| v.to_string()).collect();
         panic!(
@@ -73,20 +74,20 @@ fn keeps_every_promise(scenario: Scenario) {
     // The campaign must have done what it claims: many operations, every kind of fault.
     let operations: usize = reports.iter().map(Report::operations).sum();
     assert!(
-        operations > 30_000,
+        operations as u64 > 30 * seeds,
         "{scenario}: only {operations} operations"
     );
     let f = faults(&reports);
-    assert!(f.unavailable > 100, "{scenario}: {f:?}");
-    assert!(f.crash_before > 50, "{scenario}: {f:?}");
-    assert!(f.crash_after_write > 20, "{scenario}: {f:?}");
-    assert!(f.dropped_replies > 50, "{scenario}: {f:?}");
-    assert!(f.idle_kills > 50, "{scenario}: {f:?}");
+    assert!(f.unavailable > seeds / 10, "{scenario}: {f:?}");
+    assert!(f.crash_before > seeds / 20, "{scenario}: {f:?}");
+    assert!(f.crash_after_write > seeds / 50, "{scenario}: {f:?}");
+    assert!(f.dropped_replies > seeds / 20, "{scenario}: {f:?}");
+    assert!(f.idle_kills > seeds / 20, "{scenario}: {f:?}");
     if scenario != Scenario::SqliteNode {
-        assert!(f.interleaved > 1000, "{scenario}: {f:?}");
+        assert!(f.interleaved > seeds, "{scenario}: {f:?}");
         // Nodes raced for one address and the store's create-if-absent settled it.
         let lost: u64 = reports.iter().map(|r| r.lost_races).sum();
-        assert!(lost > 50, "{scenario}: only {lost} lost races");
+        assert!(lost > seeds / 20, "{scenario}: only {lost} lost races");
     }
     // And pools must have run out now and then.
     let exhausted = reports
@@ -153,4 +154,22 @@ fn an_agent_that_adds_before_settling_the_journal_is_caught() {
 fn a_kubernetes_store_whose_claims_overwrite_is_caught() {
     let kinds = caught(Scenario::KubeShared, Sabotage::DoubleAllocate, 100);
     assert!(kinds.contains(&ViolationKind::TwoLiveHolders), "{kinds:?}");
+}
+
+/// With API errors, the Kubernetes store's release of a dual-stack attachment can commit in one
+/// block and fail in the other, and report the DEL unavailable ("nothing was written"): the
+/// checker sees the released address claimed again while its claim should still be held. A
+/// known finding (docs/robustness.md), not yet fixed; what must hold meanwhile is safety: no
+/// other kind of violation.
+#[test]
+fn api_errors_under_the_kubernetes_store_break_no_holder() {
+    let reports = campaign(Scenario::KubeApiFaults, 200, &Options::default());
+    assert!(faults(&reports).api_errors > 100);
+    let other: Vec<String> = reports
+        .iter()
+        .flat_map(|r| &r.violations)
+        .filter(|v| v.kind != ViolationKind::ClaimedWhileHeld)
+        .map(|v| v.to_string())
+        .collect();
+    assert!(other.is_empty(), "{}", other.join("\n"));
 }

@@ -31,7 +31,8 @@ struct Args {
     /// Threads running seeds.
     #[arg(long, default_value_t = 2)]
     jobs: usize,
-    /// sqlite-node, sqlite-shared, kube-shared, or all.
+    /// sqlite-node, sqlite-shared, kube-shared, kube-api-faults, or all (all but
+    /// kube-api-faults, whose known finding docs/robustness.md describes).
     #[arg(long, default_value = "all")]
     scenario: String,
     /// Workload steps per seed before healing.
@@ -60,10 +61,10 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<ExitCode> {
     let scenarios: Vec<Scenario> = match args.scenario.as_str() {
-        "all" => Scenario::ALL.to_vec(),
+        "all" => Scenario::CAMPAIGN.to_vec(),
         name => vec![Scenario::parse(name).ok_or_else(|| {
             anyhow::anyhow!(
-                "unknown scenario {name:?}: sqlite-node, sqlite-shared, kube-shared or all"
+                "unknown scenario {name:?}: sqlite-node, sqlite-shared, kube-shared, kube-api-faults or all"
             )
         })?],
     };

@@ -39,6 +39,8 @@ pub struct FaultCounts {
     pub interleaved: u64,
     pub dropped_replies: u64,
     pub idle_kills: u64,
+    /// Requests the API server was told to refuse (the Kubernetes scenario).
+    pub api_errors: u64,
     pub sabotaged: u64,
 }
 
@@ -50,6 +52,7 @@ impl FaultCounts {
             + self.interleaved
             + self.dropped_replies
             + self.idle_kills
+            + self.api_errors
     }
 
     pub fn add(&mut self, other: &FaultCounts) {
@@ -59,6 +62,7 @@ impl FaultCounts {
         self.interleaved += other.interleaved;
         self.dropped_replies += other.dropped_replies;
         self.idle_kills += other.idle_kills;
+        self.api_errors += other.api_errors;
         self.sabotaged += other.sabotaged;
     }
 }

@@ -316,6 +316,9 @@ impl World {
     /// then reads the store.
     pub(super) fn quiesce(&self) -> anyhow::Result<Vec<StoredClaim>> {
         self.faults.lock().enabled = false;
+        if let super::Backend::Kube(server) = &self.backend {
+            server.clear_faults();
+        }
         for n in 0..self.nodes.len() {
             if self.is_dead(n) {
                 self.crashed(n);
