@@ -191,13 +191,15 @@ impl World {
                 },
             );
         };
-        let mut journaled = false;
+        let mut journaled = None;
         let served = self.serve(s.node, |engine, node| {
             let held = engine.serialize(&s.attachment);
             match engine.del_serialized(&held, &DelRequest::new(s.attachment.clone())) {
-                Err(AllocError::Store(StoreError::Unavailable { .. })) if !self.is_dead(s.node) => {
+                Err(AllocError::Store(e @ StoreError::Unavailable { .. }))
+                    if !self.is_dead(s.node) =>
+                {
                     remember(&node.journal);
-                    journaled = true;
+                    journaled = Some(e.to_string());
                     Ok(Vec::new())
                 }
                 Ok(touched) => {
@@ -211,8 +213,8 @@ impl World {
             op.released = released(touched);
         }
         let mut notes = self.notes_of(s.node);
-        if journaled {
-            notes.push("journaled by the agent".into());
+        if let Some(why) = journaled {
+            notes.push(format!("journaled by the agent: {why}"));
         }
         let died = matches!(served, Served::Died);
         if died {
