@@ -462,7 +462,7 @@ impl World {
             45..65 => self.with_sandbox(Life::Live, |s| self.del(s))?,
             65..72 => self.with_sandbox(Life::Deleting, |s| self.del(s))?,
             72..82 => self.gc(node)?,
-            // With API faults, a fifth of the ticks are API faults instead.
+            // With API faults, a quarter of the ticks are API faults instead.
             88..90 if self.scenario == Scenario::KubeApiFaults => self.api_fault(),
             82..90 => self.sync(node)?,
             90..94 => {
