@@ -10,7 +10,7 @@ SCENARIOS_SINCE_0_1_0 := examples/scenarios/sort examples/scenarios/dual-stack \
 	examples/scenarios/malformed examples/scenarios/wildcards
 
 .PHONY: run test setup build policies lint scenarios schemas chart unit bench fuzz image \
-	cluster cluster-test
+	cluster cluster-test robustness-sim
 
 # The main job: the node agent in standalone mode on examples/standalone/ with the embedded
 # default policy, listening on /run/allot/agent.sock (see the README for a pod's-eye view).
@@ -100,6 +100,22 @@ bench: build policies
 	$(CARGO) bench --locked -p allot-controller --bench gc_scan
 	$(CARGO) bench --locked -p allot-controller --bench admission
 	$(CARGO) bench --locked -p allot-controller --bench fleet_pass
+
+# The robustness simulation (tests/robustness, docs/robustness.md): SEEDS seeds of each
+# scenario, or of SCENARIO (sqlite-node, sqlite-shared, kube-shared), on JOBS threads; SEED=N
+# runs one seed and writes its history to robustness-seed-N.jsonl. Not part of `make test`
+# (`make unit` runs a thousand seeds of each scenario). A failure prints the seed and the
+# operations that show each violation, writes robustness-failure.jsonl and exits non-zero.
+SEEDS    ?= 100000
+JOBS     ?= 2
+SCENARIO ?= all
+robustness-sim: setup
+	$(CARGO) build --release --locked -p allot-robustness
+	@if [ -n "$(SEED)" ]; then \
+		target/release/allot-robustness-sim --scenario $(SCENARIO) --seed $(SEED) --history robustness-seed-$(SEED).jsonl; \
+	else \
+		target/release/allot-robustness-sim --scenario $(SCENARIO) --seeds $(SEEDS) --jobs $(JOBS) --history robustness-failure.jsonl; \
+	fi
 
 # One fuzzing campaign (AFL++ through cargo-afl, installed on first use; never part of `make
 # test`, which replays the committed corpora). Stops after EXECS executions or TIME seconds,
