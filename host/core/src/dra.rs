@@ -213,7 +213,7 @@ mod tests {
         assert_eq!(publication(&p, &[], &none).devices[0].addresses, 19);
         let r = reserved(&["10.0.0.2-10.0.0.4", "10.0.0.200"]);
         assert_eq!(
-            publication(&p, &[r.clone()], &none).devices[0].addresses,
+            publication(&p, std::slice::from_ref(&r), &none).devices[0].addresses,
             16
         );
         // Claims outside the pool, or on a reserved address, take nothing more.
