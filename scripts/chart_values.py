@@ -276,6 +276,12 @@ def check_values():
                           if rule["verbs"] == ["get"] for r in rule["resources"]}
         and "secrets" not in rule_resources(without("fleet.enabled=true", "fleet.workloadConfigMap.enabled=false"), "allot-controller"),
         "fleet.workloadConfigMap.namespace": lambda: has(ctrl, "--fleet-workload-namespace=metallb-system"),
+        "resourceSlices.enabled": lambda: "resourceslices" in rule_resources(F, "allot-controller")
+        and "resourceslices" not in rule_resources(D, "allot-controller")
+        and find(F, "DeviceClass", "ipam.allot.dev") is not None and find(D, "DeviceClass") is None
+        and has(ctrl, "--resource-slices=true")
+        and "--resource-slices=false" in container(D, "Deployment", "allot-controller")["args"],
+        "resourceSlices.pollMs": lambda: has(ctrl, "--resource-slices-poll-ms=700"),
         "metrics.serviceMonitor.enabled": lambda: find(F, "ServiceMonitor") is not None
         and find(D, "ServiceMonitor") is None,
         "metrics.serviceMonitor.interval": lambda: find(F, "ServiceMonitor")["spec"]["endpoints"][0]["interval"] == "15s",

@@ -98,7 +98,11 @@ def check_schemas(docs, label):
                     e.get("port") for e in spec.get("endpoints", [])):
                 fail(f"[{label}] ServiceMonitor {name}: selector and endpoints[].port needed")
         else:
-            for version in KUBE_VERSIONS:
+            # resource.k8s.io/v1 (the DeviceClass of resourceSlices.enabled) is served from
+            # Kubernetes 1.34 (DRA GA): older versions have no schema for it.
+            versions = [v for v in KUBE_VERSIONS
+                        if api != "resource.k8s.io/v1" or version_newer(v, "1.33.99")]
+            for version in versions:
                 try:
                     kubernetes_validate.validate(d, version, strict=True)
                 except kubernetes_validate.ValidationError as e:

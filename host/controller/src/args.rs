@@ -50,6 +50,13 @@ pub struct ControllerArgs {
     /// interval) and pool finalizers checked.
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     pub status_interval_seconds: u64,
+    /// Publish every IPPool to the scheduler as a `resource.k8s.io/v1` ResourceSlice
+    /// (`<pool>.ipam.allot.dev`, Dynamic Resource Allocation; docs/scheduling.md).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub resource_slices: bool,
+    /// How often the leader brings the ResourceSlices up to date (a write only when one changed).
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub resource_slices_poll_ms: u64,
     /// How often the leader audits pods, Endpoints, claims and pool counts (drift metrics, and
     /// an Event for a finding seen at two audits in a row); 0: never.
     #[arg(

@@ -33,6 +33,7 @@ pub mod passes;
 pub mod pools;
 pub mod run;
 pub mod serve;
+pub mod slices;
 pub mod tenancy;
 pub mod uninstall;
 pub mod webhook;

@@ -21,6 +21,11 @@ pub struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabel {
+    pub verb: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabel {
     pub pool: String,
 }
@@ -42,6 +47,8 @@ pub struct Metrics {
     pub pool_allocated: Family<PoolLabel, Gauge>,
     pub pool_total: Family<PoolLabel, Gauge>,
     pub pool_status_writes: Counter,
+    /// ResourceSlice writes (`create`, `replace`, `delete`) of `--resource-slices`.
+    pub resource_slice_writes: Family<VerbLabel, Counter>,
     /// Findings of the last audit, by kind (`allotctl ipam check` lists them).
     pub ipam_drift: Family<KindLabel, Gauge>,
     pub audits: Counter,
@@ -69,6 +76,7 @@ impl Metrics {
             pool_allocated: Family::default(),
             pool_total: Family::default(),
             pool_status_writes: Counter::default(),
+            resource_slice_writes: Family::default(),
             ipam_drift: Family::default(),
             audits: Counter::default(),
             registry: Registry::default(),
@@ -137,6 +145,11 @@ impl Metrics {
             "pool_status_writes",
             "IPPool and Subnet status writes (counts changed)",
             m.pool_status_writes.clone(),
+        );
+        registry.register(
+            "resource_slice_writes",
+            "ResourceSlice writes publishing the pools to the scheduler, by verb",
+            m.resource_slice_writes.clone(),
         );
         registry.register(
             "ipam_drift",

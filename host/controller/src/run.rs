@@ -171,6 +171,21 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         Duration::from_secs(args.status_interval_seconds.max(1)),
         stopped(stop_rx.clone()),
     ));
+    let slices = args.resource_slices.then(|| {
+        tokio::spawn(
+            crate::slices::SlicePublisher::new(
+                client.clone(),
+                store.clone(),
+                index.clone(),
+                leadership.clone(),
+                metrics.clone(),
+            )
+            .run(
+                Duration::from_millis(args.resource_slices_poll_ms.max(50)),
+                stopped(stop_rx.clone()),
+            ),
+        )
+    });
 
     // The webhook stops last, after the shutdown delay (see --shutdown-delay-seconds).
     let (webhook_stop_tx, webhook_stop_rx) = watch::channel(false);
@@ -269,6 +284,9 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
             let _ = auditor.await;
         }
         let _ = pools.await;
+        if let Some(slices) = slices {
+            let _ = slices.await;
+        }
         let _ = auto_pools.await;
         let _ = fleet.await;
         let _ = webhook.await;

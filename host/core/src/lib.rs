@@ -26,6 +26,7 @@ pub mod block;
 pub mod config;
 pub mod declared;
 pub mod documents;
+pub mod dra;
 pub mod edit;
 pub mod fleet;
 pub mod gc;

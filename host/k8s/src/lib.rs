@@ -20,7 +20,7 @@
 //! It is also allot's one door to Kubernetes' own types: [`openapi`] re-exports k8s-openapi, and
 //! every other allot crate imports them from there (`allot_k8s::openapi::api::core::v1::Pod`),
 //! as linkerd's crates import theirs from its `k8s-api` crate. The Kubernetes version these
-//! types speak is k8s-openapi's version feature (`v1_33`), chosen once, on the `k8s-openapi`
+//! types speak is k8s-openapi's version feature (`v1_34`), chosen once, on the `k8s-openapi`
 //! line of the workspace's Cargo.toml; no other allot crate depends on k8s-openapi (a test of
 //! this crate fails if one does).
 

@@ -356,3 +356,135 @@ impl Cluster {
             });
     }
 }
+
+/// The capacity `addresses` of the device of ResourceSlice `name`, when there is one.
+fn slice_capacity(c: &Cluster, name: &str) -> Option<String> {
+    let slice = c
+        .api
+        .object("resource.k8s.io/v1", "resourceslices", None, name)?;
+    slice["spec"]["devices"][0]["capacity"]["addresses"]["value"]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Waits until the slice of `name` announces `capacity`; returns how long that took.
+fn slice_reaches(c: &Cluster, name: &str, capacity: &str) -> Duration {
+    let t = Instant::now();
+    until(
+        &format!("{name} announces {capacity}"),
+        Duration::from_secs(20),
+        || slice_capacity(c, name).as_deref() == Some(capacity),
+    );
+    t.elapsed()
+}
+
+#[test]
+fn resource_slices_follow_the_pools_claims_and_reservations() {
+    let Some(c) = Cluster::new("resource_slices_follow_the_pools_claims_and_reservations") else {
+        return;
+    };
+    let slices = || c.api.objects("resource.k8s.io/v1", "resourceslices");
+    let mut controller = c.controller_with("controller-a", &["--resource-slices", "true"]);
+    // Pool p: 10.9.0.10-10.9.0.29, no gateway, nothing claimed: 20.
+    let first = slice_reaches(&c, "p.ipam.allot.dev", "20");
+    let slice = c
+        .api
+        .object(
+            "resource.k8s.io/v1",
+            "resourceslices",
+            None,
+            "p.ipam.allot.dev",
+        )
+        .unwrap();
+    // As written: an API server that dropped allowMultipleAllocations or the capacity (the
+    // DRAConsumableCapacity gate off) would fail here.
+    let spec = &slice["spec"];
+    assert_eq!(spec["driver"], "ipam.allot.dev", "{slice}");
+    assert_eq!(spec["pool"]["name"], "p", "{slice}");
+    assert_eq!(spec["allNodes"], true, "{slice}");
+    assert!(spec.get("nodeName").is_none(), "{slice}");
+    let device = &spec["devices"][0];
+    assert_eq!(device["name"], "ipv4", "{slice}");
+    assert_eq!(device["allowMultipleAllocations"], true, "{slice}");
+    assert_eq!(device["attributes"]["subnet"]["string"], "10.9.0.0/24");
+    assert_eq!(device["attributes"]["ipVersion"]["int"], 4);
+    assert_eq!(
+        device["capacity"]["addresses"]["requestPolicy"]["default"], "1",
+        "{slice}"
+    );
+
+    // A claim (a running pod's address) takes one.
+    let uid = c.pod("web-1");
+    c.claims(&[("10.9.0.10", "web-1", &uid)]);
+    let claimed = slice_reaches(&c, "p.ipam.allot.dev", "19");
+    // A ReservedIP of two of the pool's addresses takes two more; removed, gives them back.
+    c.api.create(
+        "reservedips",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "ReservedIP",
+               "metadata": {"name": "r"}, "spec": {"ips": ["10.9.0.20-10.9.0.21"]}}),
+    );
+    let reserved = slice_reaches(&c, "p.ipam.allot.dev", "17");
+    assert!(c.api.remove("allot.dev/v1alpha1", "reservedips", None, "r"));
+    let unreserved = slice_reaches(&c, "p.ipam.allot.dev", "19");
+
+    // A second pool, scoped to node-1 by name: a nodeSelector, never spec.nodeName (the
+    // kubelet deletes slices naming its node that its plugin did not publish).
+    c.api.create(
+        "ippools",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
+               "metadata": {"name": "q"},
+               "spec": {"subnet": "10.8.0.0/24", "ips": ["10.8.0.10-10.8.0.13"],
+                        "nodeName": ["node-1"]}}),
+    );
+    let created = slice_reaches(&c, "q.ipam.allot.dev", "4");
+    let q = c
+        .api
+        .object(
+            "resource.k8s.io/v1",
+            "resourceslices",
+            None,
+            "q.ipam.allot.dev",
+        )
+        .unwrap();
+    assert!(q["spec"].get("nodeName").is_none(), "{q}");
+    assert_eq!(
+        q["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"],
+        json!(["node-1"]),
+        "{q}"
+    );
+    // Deleted (no claim holds its addresses: its finalizer goes), its slice goes.
+    assert!(c.api.remove("allot.dev/v1alpha1", "ippools", None, "q"));
+    let t = Instant::now();
+    until("q's slice is deleted", Duration::from_secs(20), || {
+        c.api
+            .object(
+                "resource.k8s.io/v1",
+                "resourceslices",
+                None,
+                "q.ipam.allot.dev",
+            )
+            .is_none()
+    });
+    let deleted = t.elapsed();
+    assert_eq!(slices().len(), 1, "{:?}", slices());
+    eprintln!(
+        "resource slice lag: first {first:?}, claim {claimed:?}, reserved {reserved:?}, \
+         unreserved {unreserved:?}, created {created:?}, deleted {deleted:?}"
+    );
+
+    // p was replaced once per change (19, 17, 19); with nothing changing, nothing is written
+    // (the digest matches). q, terminating for a moment, may have been replaced to 0.
+    let writes_of_p = || {
+        c.api
+            .requests("controller-a", "update", "resource.k8s.io/resourceslices")
+            .into_iter()
+            .filter(|r| r.name == "p.ipam.allot.dev")
+            .count()
+    };
+    let writes = writes_of_p();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(writes_of_p(), writes, "replaced with nothing changed");
+    assert_eq!(writes, 3, "one replace per change of p");
+    controller.kill().unwrap();
+    controller.wait().unwrap();
+}
