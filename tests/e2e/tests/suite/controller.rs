@@ -357,11 +357,15 @@ impl Cluster {
     }
 }
 
+/// ResourceSlice `name`, when there is one.
+fn slice_named(c: &Cluster, name: &str) -> Option<serde_json::Value> {
+    c.api
+        .object("resource.k8s.io/v1", "resourceslices", None, name)
+}
+
 /// The capacity `addresses` of the device of ResourceSlice `name`, when there is one.
 fn slice_capacity(c: &Cluster, name: &str) -> Option<String> {
-    let slice = c
-        .api
-        .object("resource.k8s.io/v1", "resourceslices", None, name)?;
+    let slice = slice_named(c, name)?;
     slice["spec"]["devices"][0]["capacity"]["addresses"]["value"]
         .as_str()
         .map(str::to_string)
@@ -387,15 +391,7 @@ fn resource_slices_follow_the_pools_claims_and_reservations() {
     let mut controller = c.controller_with("controller-a", &["--resource-slices", "true"]);
     // Pool p: 10.9.0.10-10.9.0.29, no gateway, nothing claimed: 20.
     let first = slice_reaches(&c, "p.ipam.allot.dev", "20");
-    let slice = c
-        .api
-        .object(
-            "resource.k8s.io/v1",
-            "resourceslices",
-            None,
-            "p.ipam.allot.dev",
-        )
-        .unwrap();
+    let slice = slice_named(&c, "p.ipam.allot.dev").unwrap();
     // As written: an API server that dropped allowMultipleAllocations or the capacity (the
     // DRAConsumableCapacity gate off) would fail here.
     let spec = &slice["spec"];
@@ -437,15 +433,7 @@ fn resource_slices_follow_the_pools_claims_and_reservations() {
                         "nodeName": ["node-1"]}}),
     );
     let created = slice_reaches(&c, "q.ipam.allot.dev", "4");
-    let q = c
-        .api
-        .object(
-            "resource.k8s.io/v1",
-            "resourceslices",
-            None,
-            "q.ipam.allot.dev",
-        )
-        .unwrap();
+    let q = slice_named(&c, "q.ipam.allot.dev").unwrap();
     assert!(q["spec"].get("nodeName").is_none(), "{q}");
     assert_eq!(
         q["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"],
@@ -456,14 +444,7 @@ fn resource_slices_follow_the_pools_claims_and_reservations() {
     assert!(c.api.remove("allot.dev/v1alpha1", "ippools", None, "q"));
     let t = Instant::now();
     until("q's slice is deleted", Duration::from_secs(20), || {
-        c.api
-            .object(
-                "resource.k8s.io/v1",
-                "resourceslices",
-                None,
-                "q.ipam.allot.dev",
-            )
-            .is_none()
+        slice_named(&c, "q.ipam.allot.dev").is_none()
     });
     let deleted = t.elapsed();
     assert_eq!(slices().len(), 1, "{:?}", slices());
