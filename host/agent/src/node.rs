@@ -130,7 +130,9 @@ impl NodeError {
                     AllocError::NoPoolFits { .. } | AllocError::NothingDecided(_) => {
                         (codes::NO_POOL_FITS, "no-pool-fits")
                     }
-                    AllocError::Store(StoreError::Backend { .. }) => (codes::STORE_FAILED, "store"),
+                    AllocError::Store(e) if matches!(e.failure(), StoreError::Backend { .. }) => {
+                        (codes::STORE_FAILED, "store")
+                    }
                     AllocError::Store(_) | AllocError::Contended(_) | AllocError::NotLoaded => {
                         (codes::TRY_AGAIN_LATER, "try-again")
                     }

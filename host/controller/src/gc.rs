@@ -283,12 +283,11 @@ impl Collector {
             }
             let claims: Vec<Claim> = confirmed.leaks.iter().map(|l| l.claim.clone()).collect();
             let store = self.store.clone();
-            let released = match blocking(move || store.release_unchanged(&claims)).await {
-                Ok(r) => r,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+            // A release done in part (claims in several IPBlocks) is recorded for what it did.
+            let (released, failed) = match blocking(move || store.release_unchanged(&claims)).await
+            {
+                Ok(r) => (r, None),
+                Err(e) => (e.done().to_vec(), Some(e)),
             };
             for claim in released {
                 self.suspects.forget(&claim);
@@ -308,6 +307,10 @@ impl Collector {
                     reason.describe()
                 );
                 released_now.push((claim, reason));
+            }
+            if let Some(e) = failed {
+                result = Err(e);
+                break;
             }
         }
         self.reader.record_releases(&released_now).await;

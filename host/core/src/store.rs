@@ -247,6 +247,8 @@ pub struct Snapshot {
 ///
 /// Implementations must make every method atomic: a batch is written entirely or not at all, and
 /// concurrent callers (threads, processes, agents) never both succeed in claiming one address.
+/// The one exception is a release or detach on a backend without transactions across its
+/// objects, which says what it did: [`StoreError::Partial`].
 /// Every write is reported by the change feed ([`Store::changes_since`]) in the order it was
 /// made, so that every engine sharing the store keeps its free-address index true.
 pub trait Store: Send + Sync {

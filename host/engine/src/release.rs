@@ -60,14 +60,20 @@ impl<S: Store, P: Policy> Engine<S, P> {
             return Ok(self.store.detach(&req.attachment, self.now())?);
         }
         let released = match req.issued_at {
-            Some(_) => self.store.release_unchanged(&held)?,
-            None => self.store.release_attachment(&req.attachment)?,
+            Some(_) => self.store.release_unchanged(&held),
+            None => self.store.release_attachment(&req.attachment),
         };
-        self.mark_released(&released);
+        // A release done in part is still an error for the caller (the DEL is journaled and
+        // served again), but what it released is free from now on, and known so.
+        let done = match &released {
+            Ok(released) => released.as_slice(),
+            Err(e) => e.done(),
+        };
+        self.mark_released(done);
         // For the pod's next sandbox (a runtime retrying it); GC and expiry release for pods
         // that are gone, which never come back for it.
-        crate::lock(&self.returning).remember(&released, self.now());
-        Ok(released)
+        crate::lock(&self.returning).remember(done, self.now());
+        Ok(released?)
     }
 
     fn mark_released(&self, released: &[Claim]) {
@@ -196,6 +202,7 @@ impl<S: Store, P: Policy> Engine<S, P> {
             let done = match self.store.release_unchanged(batch) {
                 Ok(done) => done,
                 Err(e) => {
+                    released.extend_from_slice(e.done());
                     self.mark_released(&released);
                     return Err(e.into());
                 }

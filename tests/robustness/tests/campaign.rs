@@ -157,19 +157,27 @@ fn a_kubernetes_store_whose_claims_overwrite_is_caught() {
 }
 
 /// With API errors, the Kubernetes store's release of a dual-stack attachment can commit in one
-/// block and fail in the other, and report the DEL unavailable ("nothing was written"): the
-/// checker sees the released address claimed again while its claim should still be held. A
-/// known finding (docs/robustness.md), not yet fixed; what must hold meanwhile is safety: no
-/// other kind of violation.
+/// block and fail in the other. It once reported that as unavailable ("nothing was written"),
+/// and the checker saw the released address claimed again while the journal still held it
+/// (`claimed while held`, 16 of 1,000 seeds). Now the store reports what it released
+/// (`StoreError::Partial`) and the agent knows it: no violation of any kind.
 #[test]
-fn api_errors_under_the_kubernetes_store_break_no_holder() {
+fn two_hundred_seeds_with_api_errors_under_the_kubernetes_store_keep_every_promise() {
     let reports = campaign(Scenario::KubeApiFaults, 200, &Options::default());
     assert!(faults(&reports).api_errors > 100);
-    let other: Vec<String> = reports
+    let violations: Vec<String> = reports
         .iter()
-        .flat_map(|r| &r.violations)
-        .filter(|v| v.kind != ViolationKind::ClaimedWhileHeld)
-        .map(|v| v.to_string())
+        .flat_map(|r| r.violations.iter().map(|v| format!("seed {}: {v}", r.seed)))
         .collect();
-    assert!(other.is_empty(), "{}", other.join("\n"));
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// The seed that first showed the half-done dual-stack DEL (docs/robustness.md, "Findings"):
+/// `s5`'s DEL released its IPv6 address while the API server refused its IPv4 block's write
+/// (429), and `fd00:6::13` went to `s15` while the DEL was journaled as not done.
+#[test]
+fn seed_19_of_api_errors_keeps_every_promise() {
+    let report = sim::run(19, Scenario::KubeApiFaults, &Options::default()).unwrap();
+    let shown: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
+    assert!(shown.is_empty(), "{}", shown.join("\n"));
 }

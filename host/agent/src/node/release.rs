@@ -52,6 +52,13 @@ impl Node {
                 Err(AllocError::Store(StoreError::Unavailable { message: why, .. })) => {
                     return node.remember_del(r, &why);
                 }
+                // Released in part (an IPv4 and an IPv6 block, one refused): the journal's
+                // replay releases the rest.
+                Err(AllocError::Store(
+                    e @ StoreError::Partial { .. },
+                )) if matches!(e.failure(), StoreError::Unavailable { .. }) => {
+                    return node.remember_del(r, &e.to_string());
+                }
                 other => other?,
             };
             // Served now: a DEL remembered before (the runtime retried) is done too.

@@ -5,6 +5,8 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use super::Claim;
+
 /// The error underneath a [`StoreError::Backend`] or [`StoreError::Unavailable`]: SQLite's,
 /// etcd's, the API server's, an I/O error. Shared, so that [`StoreError`] stays `Clone` (the engine hands one error to every
 /// waiter of a batch); a trait object, so that core names no backend's crate.
@@ -30,9 +32,36 @@ pub enum StoreError {
         message: String,
         source: Option<Cause>,
     },
+    /// A release or detach of claims the backend keeps in several objects (the Kubernetes
+    /// store writes each IPBlock by its own compare-and-swap: an IPv4 and an IPv6 address are
+    /// always two) was written for the claims in `done` and failed for the rest with `rest`
+    /// (never itself `Partial`). Releases and detaches are idempotent: the same call again
+    /// completes it and touches nothing `done` names, so a caller retries it as it would after
+    /// `rest` (the agent's DEL journal, GC's next pass).
+    Partial {
+        done: Vec<Claim>,
+        rest: Box<StoreError>,
+    },
 }
 
 impl StoreError {
+    /// What failed, setting aside what a [`StoreError::Partial`] did: the error to decide on
+    /// (retry later, or report) as if nothing had been written.
+    pub fn failure(&self) -> &StoreError {
+        match self {
+            StoreError::Partial { rest, .. } => rest.failure(),
+            other => other,
+        }
+    }
+
+    /// The claims written before the call failed: a [`StoreError::Partial`]'s, else none.
+    pub fn done(&self) -> &[Claim] {
+        match self {
+            StoreError::Partial { done, .. } => done,
+            _ => &[],
+        }
+    }
+
     /// The backend busy or unreachable, with no error underneath (a timeout of allot's own, a
     /// write lost to other writers).
     pub fn unavailable(message: impl Into<String>) -> StoreError {
@@ -81,6 +110,14 @@ impl fmt::Display for StoreError {
             StoreError::Stale(address) => write!(f, "claim for {address} changed concurrently"),
             StoreError::Unavailable { message, .. } => write!(f, "store unavailable: {message}"),
             StoreError::Backend { message, .. } => write!(f, "store: {message}"),
+            StoreError::Partial { done, rest } => {
+                let addresses: Vec<String> = done.iter().map(|c| c.address.to_string()).collect();
+                write!(
+                    f,
+                    "{rest} (the claims of {} were written already; the same call again completes it)",
+                    addresses.join(", ")
+                )
+            }
         }
     }
 }
@@ -98,6 +135,7 @@ impl Error for StoreError {
                 source: Some(cause),
                 ..
             } => Some(&**cause),
+            StoreError::Partial { rest, .. } => Some(&**rest),
             _ => None,
         }
     }
@@ -113,6 +151,7 @@ impl PartialEq for StoreError {
             (Conflict(a), Conflict(b)) | (Stale(a), Stale(b)) => a == b,
             (Unavailable { message: a, .. }, Unavailable { message: b, .. })
             | (Backend { message: a, .. }, Backend { message: b, .. }) => a == b,
+            (Partial { done: a, rest: x }, Partial { done: b, rest: y }) => a == b && x == y,
             _ => false,
         }
     }

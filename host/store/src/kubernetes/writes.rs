@@ -233,24 +233,49 @@ impl Backend {
 
     /// Applies `edit` to every block holding one of `addresses`, up to [`BLOCK_WRITERS`] blocks
     /// at a time (each its own compare-and-swap, so the order they land in does not matter);
-    /// collects what each returned, in block-name order. One after another, a GC batch of 1,000
-    /// leaks in as many blocks took longer than the call budget (10 s) on a real API server.
-    async fn each_block<T: Send + 'static>(
+    /// collects the claims each returned, in block-name order. One after another, a GC batch of
+    /// 1,000 leaks in as many blocks took longer than the call budget (10 s) on a real API server.
+    ///
+    /// Every block's write is waited for, also after another failed: a write given up on could
+    /// still land (its block's writer holds it), and the caller must learn what did. When some
+    /// blocks were written and others failed, the call fails with [`StoreError::Partial`]
+    /// naming what was written (a dual-stack DEL whose IPv6 block took its write while the
+    /// API server refused the IPv4 block's): reported as not done at all, the written half is
+    /// free to others while the agent still journals it as held.
+    async fn each_block(
         &self,
         addresses: Vec<IpAddr>,
-        edit: impl Fn(&mut Block) -> Result<Edit<Vec<T>>, StoreError> + Send + Sync + 'static,
-    ) -> Result<Vec<T>, StoreError> {
-        use futures::{StreamExt, TryStreamExt};
+        edit: impl Fn(&mut Block) -> Result<Edit<Vec<Claim>>, StoreError> + Send + Sync + 'static,
+    ) -> Result<Vec<Claim>, StoreError> {
+        use futures::StreamExt;
         let edit = std::sync::Arc::new(edit);
-        let per_block: Vec<Vec<T>> = futures::stream::iter(by_block(addresses, |a| *a))
-            .map(|(_, addresses)| {
-                let edit = edit.clone();
-                self.change_block(addresses[0], move |block| edit(block))
-            })
-            .buffered(BLOCK_WRITERS)
-            .try_collect()
-            .await?;
-        Ok(per_block.into_iter().flatten().collect())
+        let per_block: Vec<Result<Vec<Claim>, StoreError>> =
+            futures::stream::iter(by_block(addresses, |a| *a))
+                .map(|(_, addresses)| {
+                    let edit = edit.clone();
+                    self.change_block(addresses[0], move |block| edit(block))
+                })
+                .buffered(BLOCK_WRITERS)
+                .collect()
+                .await;
+        let mut done = Vec::new();
+        let mut failed = None;
+        for outcome in per_block {
+            match outcome {
+                Ok(claims) => done.extend(claims),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            None => Ok(done),
+            Some(e) if done.is_empty() => Err(e),
+            Some(rest) => Err(StoreError::Partial {
+                done,
+                rest: Box::new(rest),
+            }),
+        }
     }
 
     pub(super) async fn release_attachment(

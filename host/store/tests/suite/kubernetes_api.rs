@@ -611,3 +611,81 @@ fn a_forbidden_delete_of_an_emptied_block_names_the_missing_verb() {
         "{message}"
     );
 }
+
+/// A block named `name` for `cidr` at `rv`, holding `address` for container `container`.
+fn block_holding(name: &str, cidr: &str, rv: u64, address: &str, container: &str) -> Value {
+    let mut b = block(rv, &[(address, container)]);
+    b["metadata"]["name"] = json!(name);
+    b["spec"]["cidr"] = json!(cidr);
+    b
+}
+
+/// A dual-stack DEL releases in two IPBlocks, each its own compare-and-swap. When the API
+/// server takes the IPv6 block's write and refuses the IPv4 block's, the call must not say
+/// "unavailable, nothing written" (the IPv6 address is free to others from now on): it says
+/// what it released, `StoreError::Partial`, and the same call again releases the rest only.
+#[test]
+fn a_release_across_two_blocks_refused_for_one_says_what_it_released() {
+    let v6 = "v6-2001-0db8-0000-0000-0000-0000-0000-0000-122";
+    let listed = list(
+        10,
+        vec![
+            block(5, &[("10.0.0.5", "c5")]),
+            block_holding(v6, "2001:db8::/122", 6, "2001:db8::5", "c5"),
+        ],
+    );
+    let (store, v, rt) = open(listed, Duration::from_secs(5));
+    let store = std::sync::Arc::new(store);
+    let s = store.clone();
+    let (result, v) = scripted(
+        &rt,
+        v,
+        move || s.release_attachment(&attachment("c5", "eth0")),
+        async move |v| {
+            // Both writes go out at once; answer each by its block.
+            for _ in 0..2 {
+                let (method, uri, body, send) = v.next().await.expect("a write");
+                assert_eq!(method, "PUT", "{uri}");
+                if uri.contains(v6) {
+                    let mut written = body.clone();
+                    written["metadata"]["resourceVersion"] = json!("11");
+                    answer(send, 200, written);
+                } else {
+                    answer(
+                        send,
+                        503,
+                        refusal(503, "ServiceUnavailable", "etcd is down"),
+                    );
+                }
+            }
+        },
+    );
+    match result {
+        Err(e @ StoreError::Partial { .. }) => {
+            let done: Vec<IpAddr> = e.done().iter().map(|c| c.address).collect();
+            assert_eq!(done, [ip("2001:db8::5")], "{e}");
+            assert!(
+                matches!(e.failure(), StoreError::Unavailable { .. }),
+                "the rest failed as the API server said: {e}"
+            );
+            assert!(e.to_string().contains("2001:db8::5"), "{e}");
+        }
+        other => panic!("expected a partial release, got {other:?}"),
+    }
+    // The same call again writes the IPv4 block only.
+    let s = store.clone();
+    let (again, _v) = scripted(
+        &rt,
+        v,
+        move || s.release_attachment(&attachment("c5", "eth0")),
+        async |v| {
+            let (body, send) = v.expect("PUT", &format!("{BLOCKS}/v4-10-0-0-0-26")).await;
+            let mut written = body.clone();
+            written["metadata"]["resourceVersion"] = json!("12");
+            answer(send, 200, written);
+            v.expect_nothing(Duration::from_millis(300)).await;
+        },
+    );
+    let released: Vec<IpAddr> = again.unwrap().iter().map(|c| c.address).collect();
+    assert_eq!(released, [ip("10.0.0.5")]);
+}

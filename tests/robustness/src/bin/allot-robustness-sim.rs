@@ -31,8 +31,7 @@ struct Args {
     /// Threads running seeds.
     #[arg(long, default_value_t = 2)]
     jobs: usize,
-    /// sqlite-node, sqlite-shared, kube-shared, kube-api-faults, or all (all but
-    /// kube-api-faults, whose known finding docs/robustness.md describes).
+    /// sqlite-node, sqlite-shared, kube-shared, kube-api-faults, or all.
     #[arg(long, default_value = "all")]
     scenario: String,
     /// Workload steps per seed before healing.

@@ -40,6 +40,15 @@ fn settle(
 /// A node's DEL journal: one entry per attachment, as the agent keeps one file per attachment.
 type Journal = Mutex<std::collections::BTreeMap<Attachment, DelRequest>>;
 
+/// What a failed engine call released or detached before it failed (a release across blocks
+/// of the Kubernetes store, one of them refused: [`StoreError::Partial`]).
+fn done_before(e: &AllocError) -> &[Claim] {
+    match e {
+        AllocError::Store(e) => e.done(),
+        _ => &[],
+    }
+}
+
 fn released(claims: &[Claim]) -> Vec<IpAddr> {
     claims
         .iter()
@@ -150,7 +159,9 @@ impl World {
         let served = self.serve(s.node, |engine, node| {
             let held = engine.serialize(&s.attachment);
             if self.faults.lock().sabotage != Some(Sabotage::AddBeforeJournal) {
-                settled = settle(engine, &node.journal, &held)?;
+                settled = settle(engine, &node.journal, &held).inspect_err(|e| {
+                    settled = done_before(e).to_vec();
+                })?;
             } else if lock(&node.journal).contains_key(&s.attachment) {
                 self.faults.lock().counts.sabotaged += 1;
             }
@@ -195,12 +206,13 @@ impl World {
         let served = self.serve(s.node, |engine, node| {
             let held = engine.serialize(&s.attachment);
             match engine.del_serialized(&held, &DelRequest::new(s.attachment.clone())) {
-                Err(AllocError::Store(e @ StoreError::Unavailable { .. }))
-                    if !self.is_dead(s.node) =>
+                Err(AllocError::Store(e))
+                    if matches!(e.failure(), StoreError::Unavailable { .. })
+                        && !self.is_dead(s.node) =>
                 {
                     remember(&node.journal);
                     journaled = Some(e.to_string());
-                    Ok(Vec::new())
+                    Ok(e.done().to_vec())
                 }
                 Ok(touched) => {
                     lock(&node.journal).remove(&s.attachment);
@@ -298,7 +310,10 @@ impl World {
                 let held = engine.serialize(attachment);
                 match settle(engine, &n.journal, &held) {
                     Ok(claims) => touched.extend(claims),
-                    Err(e) => failed.push(format!("{attachment}: {e}")),
+                    Err(e) => {
+                        touched.extend_from_slice(done_before(&e));
+                        failed.push(format!("{attachment}: {e}"));
+                    }
                 }
             }
             Ok(())
