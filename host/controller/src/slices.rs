@@ -13,11 +13,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use allot_core::addr::{AddrSet, IpFamily};
 use allot_core::config::Object;
 use allot_core::dra::{self, Attribute, NodeScope, Publication};
 use allot_core::spec::SelectorOperator;
-use allot_core::store::{Store, StoreError};
+use allot_core::store::{Changes, Store, StoreError};
 use allot_index::{ClusterIndex, Shared};
 use allot_k8s::openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use allot_k8s::openapi::api::resource::v1::{
@@ -31,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, VerbLabel};
-use plan::{Existing, Write};
+use plan::{ClaimedAddresses, Existing, Write};
 
 /// The label on every slice allot publishes: what it lists to find its own.
 pub const LABEL: &str = "allot.dev/driver";
@@ -58,6 +57,8 @@ pub struct SlicePublisher {
     /// allot's slices, None until listed (again, after a failed write).
     known: Option<BTreeMap<String, Known>>,
     listed: Option<Instant>,
+    /// The store's claimed addresses, kept from its change feed.
+    claimed: Option<ClaimedAddresses>,
 }
 
 impl SlicePublisher {
@@ -76,6 +77,7 @@ impl SlicePublisher {
             metrics,
             known: None,
             listed: None,
+            claimed: None,
         }
     }
 
@@ -111,25 +113,40 @@ impl SlicePublisher {
         Ok(())
     }
 
+    /// The claimed addresses as of now: what changed since the last round applied to what was
+    /// read then (a full read at the first round, and after the store compacted its feed).
+    async fn claimed(&mut self) -> Result<&ClaimedAddresses, StoreError> {
+        let store = self.store.clone();
+        let since = self.claimed.as_ref().map(|c| c.revision);
+        let changes = match since {
+            Some(rev) => Some(
+                tokio::task::spawn_blocking(move || store.changes_since(rev))
+                    .await
+                    .map_err(|e| StoreError::backend_caused(e.to_string(), e))??,
+            ),
+            None => None,
+        };
+        match (changes, &mut self.claimed) {
+            (Some(Changes::Since { changes, revision }), Some(claimed)) => {
+                claimed.apply(&changes, revision);
+            }
+            _ => {
+                let store = self.store.clone();
+                let snapshot = tokio::task::spawn_blocking(move || store.snapshot(u64::MAX))
+                    .await
+                    .map_err(|e| StoreError::backend_caused(e.to_string(), e))??;
+                self.claimed = Some(ClaimedAddresses::of(&snapshot));
+            }
+        }
+        Ok(self.claimed.as_ref().expect("read above"))
+    }
+
     /// What every pool wants published, from the index's pools and ReservedIPs and the
     /// store's claims.
-    async fn wanted(&self) -> Result<Vec<Publication>, StoreError> {
-        let store = self.store.clone();
-        let snapshot = tokio::task::spawn_blocking(move || store.snapshot(u64::MAX))
-            .await
-            .map_err(|e| StoreError::backend_caused(e.to_string(), e))??;
-        let claimed = |family: IpFamily| {
-            AddrSet::from_addresses(
-                family,
-                snapshot
-                    .claims
-                    .iter()
-                    .map(|t| t.address)
-                    .filter(|a| IpFamily::of(*a) == family),
-            )
-        };
-        let (v4, v6) = (claimed(IpFamily::V4), claimed(IpFamily::V6));
-        let index = self.index.read();
+    async fn wanted(&mut self) -> Result<Vec<Publication>, StoreError> {
+        let index = self.index.clone();
+        let claimed = self.claimed().await?;
+        let index = index.read();
         let reserved: Vec<allot_core::Reserved> = index
             .allot_objects()
             .filter_map(|e| match &e.observed.object {
@@ -140,11 +157,9 @@ impl SlicePublisher {
         Ok(index
             .allot_objects()
             .filter_map(|e| match &e.observed.object {
-                Ok(Object::Pool(p)) => Some(dra::publication(
-                    p,
-                    &reserved,
-                    if p.family == IpFamily::V4 { &v4 } else { &v6 },
-                )),
+                Ok(Object::Pool(p)) => {
+                    Some(dra::publication(p, &reserved, claimed.of_family(p.family)))
+                }
                 _ => None,
             })
             .collect())
