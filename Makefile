@@ -10,7 +10,7 @@ SCENARIOS_SINCE_0_1_0 := examples/scenarios/sort examples/scenarios/dual-stack \
 	examples/scenarios/malformed examples/scenarios/wildcards
 
 .PHONY: run test setup build policies lint scenarios schemas chart unit bench fuzz image \
-	cluster cluster-test robustness-sim
+	cluster cluster-test robustness robustness-sim
 
 # The main job: the node agent in standalone mode on examples/standalone/ with the embedded
 # default policy, listening on /run/allot/agent.sock (see the README for a pod's-eye view).
@@ -116,6 +116,17 @@ robustness-sim: setup
 	else \
 		target/release/allot-robustness-sim --scenario $(SCENARIO) --seeds $(SEEDS) --jobs $(JOBS) --history robustness-failure.jsonl; \
 	fi
+
+# The fault campaign on the real cluster (docs/robustness.md): SEEDS seeds from SEED, each
+# DURATION seconds of a random workload and random faults on a lab of its own, judged by the
+# history checker; each seed's history in target/robustness/campaign-seed-N.jsonl. `make test`
+# runs two seeds of 60 s in its shared phase. Runs as root (the lab's namespaces and mounts).
+robustness: build policies
+	ALLOT_ROBUSTNESS_SEED=$(or $(SEED),1) \
+	ALLOT_ROBUSTNESS_SEEDS=$(if $(filter command line,$(origin SEEDS)),$(SEEDS),1) \
+	ALLOT_ROBUSTNESS_DURATION=$(or $(DURATION),180) \
+	$(CARGO) nextest run --release --locked --workspace --no-capture \
+		-E 'package(allot-cluster-tests) & test(=robustness::a_seeded_fault_campaign_keeps_every_promise)'
 
 # One fuzzing campaign (AFL++ through cargo-afl, installed on first use; never part of `make
 # test`, which replays the committed corpora). Stops after EXECS executions or TIME seconds,

@@ -26,6 +26,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 
+pub mod campaign;
 pub mod kubevirt;
 pub mod multus;
 pub mod objects;

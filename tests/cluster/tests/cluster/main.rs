@@ -14,5 +14,6 @@ mod multus;
 mod peer_failures;
 mod policy;
 mod real_nodes;
+mod robustness;
 mod virtual_machines;
 mod workloads;
