@@ -130,20 +130,20 @@ fn kubernetes(plane: &LoopbackControlPlane, n: usize, load: &Load, rows: &mut Ve
     let sizes = std::sync::Mutex::new(Vec::new());
     let midway = |tag: &str| {
         let blocks = plane.list("allot.dev/v1alpha1", "ipblocks").unwrap();
-        let held: Vec<usize> = blocks
+        let written: Vec<usize> = blocks
             .iter()
             .filter(|b| {
-                b["spec"]["claims"]
-                    .as_object()
-                    .is_some_and(|c| !c.is_empty())
+                let some =
+                    |field: &str| b["spec"][field].as_object().is_some_and(|c| !c.is_empty());
+                some("claims") || some("released")
             })
             .map(|b| b["spec"].to_string().len())
             .collect();
-        let mean = held.iter().sum::<usize>() / held.len().max(1);
+        let mean = written.iter().sum::<usize>() / written.len().max(1);
         println!(
-            "kubernetes N={n} ({tag}): midway, {} of {} IPBlocks hold claims, their specs {mean} \
-             bytes on average",
-            held.len(),
+            "kubernetes N={n} ({tag}): midway, {} of {} IPBlocks hold claims or releases, their \
+             specs {mean} bytes on average",
+            written.len(),
             blocks.len()
         );
         sizes.lock().unwrap().push(mean);

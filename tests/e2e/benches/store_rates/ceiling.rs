@@ -58,21 +58,26 @@ fn block(k: usize, spec_bytes: usize) -> IPBlock {
 }
 
 /// Replaces `block` after `edit`, on the version it holds; on a conflict reads it again and
-/// edits that, until written. Counts the conflicts, and errors (then retried after a pause).
+/// edits that, until written (true) or `deadline` passes (false). Counts the conflicts, and
+/// errors (then retried after a pause).
 async fn write(
     api: &Api<IPBlock>,
     block: &mut IPBlock,
     edit: impl Fn(&mut IPBlock),
+    deadline: Instant,
     t: &mut Tally,
-) {
+) -> bool {
     let name = block.metadata.name.clone().unwrap();
     loop {
+        if Instant::now() > deadline {
+            return false;
+        }
         edit(block);
         t.requests += 1;
         match api.replace(&name, &PostParams::default(), block).await {
             Ok(written) => {
                 *block = written;
-                return;
+                return true;
             }
             Err(kube::Error::Api(s)) if s.code == 409 => t.conflicts += 1,
             Err(e) => {
@@ -137,29 +142,22 @@ pub fn kube(
                     n += 1;
                     let mine = claim(1_000_000 + l * 10_000 + n);
                     let t0 = Instant::now();
-                    write(
-                        &api,
-                        &mut block,
-                        |b| {
-                            b.spec.claims.insert(address.clone(), mine.clone());
-                        },
-                        &mut t,
-                    )
-                    .await;
+                    let add = |b: &mut IPBlock| {
+                        b.spec.claims.insert(address.clone(), mine.clone());
+                    };
+                    if !write(&api, &mut block, add, deadline, &mut t).await {
+                        break;
+                    }
                     let done = Instant::now();
                     if done <= deadline {
                         t.latencies.push(done - t0);
                     }
                     tokio::time::sleep(hold).await;
-                    write(
-                        &api,
-                        &mut block,
-                        |b| {
-                            b.spec.claims.remove(&address);
-                        },
-                        &mut t,
-                    )
-                    .await;
+                    let remove = |b: &mut IPBlock| {
+                        b.spec.claims.remove(&address);
+                    };
+                    // Past the deadline the claim stays: the blocks are deleted afterwards.
+                    write(&api, &mut block, remove, deadline, &mut t).await;
                 }
                 t
             }));
