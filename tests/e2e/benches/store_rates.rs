@@ -84,20 +84,17 @@ fn allot_runs<S: Store + 'static>(
         ("allot, one shared pool", true),
         ("allot, a pool per agent", false),
     ] {
+        let tag = if shared { "s" } else { "o" };
+        let pool_of = |a| if shared { SHARED.into() } else { own_pool(a) };
+        agents::warm_up(agents, pool_of, &format!("{tag}{n}"));
         let (lost, (cas, requests)) = (agents::lost_races(agents), counters());
         let cpu = CpuClock::start(servers);
-        let tag = if shared { "s" } else { "o" };
         let (tally, elapsed) = std::thread::scope(|scope| {
             scope.spawn(|| {
                 std::thread::sleep(load.seconds / 2);
                 midway(tag);
             });
-            agents::drive(
-                agents,
-                |a| if shared { SHARED.into() } else { own_pool(a) },
-                load,
-                &format!("{tag}{n}"),
-            )
+            agents::drive(agents, pool_of, load, &format!("{tag}{n}"))
         });
         let claims = tally.latencies.len().max(1) as f64;
         let mut row = Row::new(backend, n, run, Kind::Allot, tally, elapsed, cpu.read());

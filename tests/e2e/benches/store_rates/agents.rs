@@ -45,16 +45,13 @@ pub fn agent<S: Store + 'static>(store: Arc<S>, i: usize) -> Agent<S> {
     engine
 }
 
-/// Runs `load.per_agent` closed loops on each agent until the deadline, each ADD from the pool
-/// `pool_of(agent)` names; returns the merged tally and the measured time.
-pub fn drive<S: Store + 'static>(
+/// One ADD and DEL per agent, not measured: connections, and the API server's first write of a
+/// kind, warm up.
+pub fn warm_up<S: Store + 'static>(
     agents: &[Agent<S>],
-    pool_of: impl Fn(usize) -> String + Sync,
-    load: &Load,
+    pool_of: impl Fn(usize) -> String,
     tag: &str,
-) -> (Tally, std::time::Duration) {
-    // One ADD and DEL per agent first, not measured: connections, and the API server's first
-    // write of a kind, warm up.
+) {
     std::thread::scope(|scope| {
         for (a, engine) in agents.iter().enumerate() {
             let req = request_from(&pool_of(a), &format!("{tag}-{a}-warm"), "warm", false);
@@ -64,6 +61,16 @@ pub fn drive<S: Store + 'static>(
             });
         }
     });
+}
+
+/// Runs `load.per_agent` closed loops on each agent until the deadline, each ADD from the pool
+/// `pool_of(agent)` names; returns the merged tally and the measured time.
+pub fn drive<S: Store + 'static>(
+    agents: &[Agent<S>],
+    pool_of: impl Fn(usize) -> String + Sync,
+    load: &Load,
+    tag: &str,
+) -> (Tally, std::time::Duration) {
     let started = Instant::now();
     let deadline = started + load.seconds;
     let tallies: Vec<Tally> = std::thread::scope(|scope| {
@@ -87,11 +94,17 @@ pub fn drive<S: Store + 'static>(
                                 }
                                 std::thread::sleep(load.hold);
                             }
-                            Err(e) => tally.error(format!("ADD: {e}")),
+                            Err(e) => tally.error(format!(
+                                "ADD, {:.1} s in: {e}",
+                                started.elapsed().as_secs_f64()
+                            )),
                         }
                         // Also after a failed ADD: one that timed out may have claimed.
                         if let Err(e) = engine.del(&req.attachment) {
-                            tally.error(format!("DEL: {e}"));
+                            tally.error(format!(
+                                "DEL, {:.1} s in: {e}",
+                                started.elapsed().as_secs_f64()
+                            ));
                         }
                     }
                     tally
