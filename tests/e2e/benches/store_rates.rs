@@ -56,15 +56,36 @@ fn agent_counts() -> Vec<usize> {
         .collect()
 }
 
-/// Opens `n` stores at once (each connects and lists or watches before it serves).
-fn open<S: Send + Sync>(n: usize, open: impl Fn(usize) -> S + Sync) -> Vec<Arc<S>> {
+/// Opens `n` stores, 10 at a time (each lists the blocks when it opens; 200 lists at once
+/// outlast the store's request budget on a busy API server), each tried up to three times.
+fn open<S: Send + Sync, E: std::fmt::Debug>(
+    n: usize,
+    open: impl Fn(usize) -> Result<S, E> + Sync,
+) -> Vec<Arc<S>> {
     let open = &open;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..n)
-            .map(|i| scope.spawn(move || Arc::new(open(i))))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    let mut stores = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10) {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|&i| {
+                    scope.spawn(move || {
+                        let mut tries = 0;
+                        loop {
+                            tries += 1;
+                            match open(i) {
+                                Ok(store) => return Arc::new(store),
+                                Err(e) if tries >= 3 => panic!("store {i}: {e:?}"),
+                                Err(_) => std::thread::sleep(Duration::from_secs(1)),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            stores.extend(handles.into_iter().map(|h| h.join().unwrap()));
+        });
+    }
+    stores
 }
 
 /// The two allot runs (a shared pool, a pool per agent) on `agents`; `counters` reads the
@@ -116,7 +137,7 @@ fn kubernetes(plane: &LoopbackControlPlane, n: usize, load: &Load, rows: &mut Ve
             node: Some(format!("node-{i}")),
             timeout: None,
         };
-        KubeStore::connect(&config).expect("a Kubernetes store")
+        KubeStore::connect(&config)
     });
     let agents: Vec<_> = stores
         .iter()
@@ -188,7 +209,7 @@ fn kubernetes(plane: &LoopbackControlPlane, n: usize, load: &Load, rows: &mut Ve
 fn etcd(server: &EtcdServer, n: usize, load: &Load, rows: &mut Vec<Row>) {
     let servers = measure::servers_of(server.data_dir());
     let config = EtcdConfig::from_url(&server.url()).unwrap();
-    let stores = open(n, |_| EtcdStore::connect(&config).expect("an etcd store"));
+    let stores = open(n, |_| EtcdStore::connect(&config));
     let agents: Vec<_> = stores
         .iter()
         .enumerate()
