@@ -34,6 +34,8 @@ mod pick;
 mod release;
 mod returning;
 mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard};

@@ -19,13 +19,11 @@ use std::time::{Duration, Instant};
 
 use allot_core::block::{block_name, block_of};
 use allot_core::store::{Attachment, Store, system_clock};
+use allot_engine::testing::{CniDefaultsPolicy, pool, request};
 use allot_engine::{Engine, EngineConfig, seed_of};
 use allot_store::{KubeConfig, KubeStore, SqliteStore};
 use allot_test_apiserver::ApiServer;
 use serde_json::json;
-
-mod common;
-use common::{CniDefaultsPolicy, pool, request};
 
 /// Counts the bytes allocated and not yet freed.
 struct Counting;

@@ -11,11 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use allot_core::store::{Attachment, Claim, PodRef, Store, system_clock};
+use allot_engine::testing::{CniDefaultsPolicy, pool, request};
 use allot_engine::{Engine, EngineConfig};
 use allot_store::SqliteStore;
-
-mod common;
-use common::{CniDefaultsPolicy, pool, request};
 
 const CLAIMS: usize = 100_000;
 

@@ -1,10 +1,10 @@
-//! What the store benchmarks share: a minimal native policy (the CNI default pools in order),
-//! pools, and ADD requests.
-
-#![allow(dead_code)] // Each bench uses its part.
+//! What benchmarks of the engine over a store share: a minimal native policy (the CNI default
+//! pools in order), pools, and ADD requests. Only with the `testing` feature, which benches turn
+//! on through a dev-dependency, so no binary ships it.
 
 use std::sync::Arc;
 
+use crate::AddRequest;
 use allot_core::policy::{
     AcquisitionRule, CniDefaults, Decision, FamilyDecision, Inventory, NamespaceInfo, NicDecision,
     NodeInfo, Owner, PodInfo, Policy, PolicyError, Request,
@@ -12,7 +12,6 @@ use allot_core::policy::{
 use allot_core::spec::{IpPoolSpec, ObjectMeta};
 use allot_core::store::Attachment;
 use allot_core::{IpFamily, Pool};
-use allot_engine::AddRequest;
 
 /// The CNI default pools, in order.
 pub struct CniDefaultsPolicy;
@@ -61,8 +60,13 @@ pub fn pool(name: &str, subnet: &str) -> Pool {
     Pool::from_spec(meta, spec).expect("valid pool")
 }
 
-/// An ADD of `pod` on `node` from pool `big`.
+/// An ADD of `pod` from pool `big`.
 pub fn request(container: &str, pod: &str, stateful: bool) -> AddRequest {
+    request_from("big", container, pod, stateful)
+}
+
+/// An ADD of `pod` from pool `pool`.
+pub fn request_from(pool: &str, container: &str, pod: &str, stateful: bool) -> AddRequest {
     AddRequest {
         attachment: Attachment {
             container_id: container.into(),
@@ -89,7 +93,7 @@ pub fn request(container: &str, pod: &str, stateful: bool) -> AddRequest {
         },
         multus_name: String::new(),
         cni_defaults: CniDefaults {
-            ipv4: vec!["big".into()],
+            ipv4: vec![pool.into()],
             ipv6: vec![],
         },
     }
