@@ -323,7 +323,7 @@ async fn campaign_seed(s: &Arc<Suite>, seed: u64, duration: Duration) -> Vec<Str
     let nemesis = {
         let s = s.clone();
         let rec = rec.clone();
-        let mut rng = Rng::new(seed ^ 0x6e65_6d65_7369_73);
+        let mut rng = Rng::new(seed ^ 0x006e_656d_6573_6973);
         tokio::spawn(async move {
             let end = Instant::now() + duration;
             while Instant::now() < end {
