@@ -2,10 +2,14 @@
 //! Subnets and ReservedIPs, and each ADD's policy request built from watch-fed indexes
 //! ([`allot_index`]) rather than from what the plugin was told.
 //!
-//! What runs where: the agent (one per node) follows this node's pods, all namespaces, this
-//! node, ReplicaSets and Jobs (metadata only), StatefulSets, allot's pool objects and the
-//! cluster's `Policy`; it writes IPBlocks (claims) and `Endpoint`s (what each pod holds). The
-//! controller (a later issue) derives pool status counts and collects garbage.
+//! What runs where: the agent (one per node) watches this node's pods, all namespaces, this
+//! node, allot's pool objects and the cluster's `Policy` (and, through the claim store, the
+//! IPBlocks); it writes IPBlocks (claims) and `Endpoint`s (what each pod holds). It watches no
+//! workload: a pod's ReplicaSet or Job (for its Deployment or CronJob) is read by one
+//! metadata-only GET when a pod of this node first names it, and kept while one does
+//! ([`Cluster::request`]); a StatefulSet's replica count is read by one GET at the DEL of its
+//! pod, when the plugin did not say it ([`Cluster::owner_replicas`]). The controller derives
+//! pool status counts and collects garbage.
 
 mod endpoints;
 pub mod migration;
@@ -21,11 +25,15 @@ use allot_k8s::openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use allot_k8s::openapi::api::batch::v1::Job;
 use allot_k8s::openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::Api;
-use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 
 pub use endpoints::EndpointWriter;
 pub use policy::PolicyFollower;
+
+/// How long a DEL waits for its StatefulSet's GET: well inside the plugin's DEL timeout (15 s).
+/// Past it the replica count is unknown and the address kept (released later if the pod does
+/// not come back).
+pub const STATEFULSET_READ_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What cluster mode adds to the agent.
 pub struct Cluster {
@@ -34,6 +42,8 @@ pub struct Cluster {
     /// How long an ADD waits for its pod to reach the index before asking the API once.
     pub pod_wait: Duration,
     pub endpoints: EndpointWriter,
+    /// The agent's runtime: a DEL, on a blocking thread, reads its StatefulSet through it.
+    pub runtime: tokio::runtime::Handle,
 }
 
 /// Why an ADD's request could not be built.
@@ -45,7 +55,8 @@ pub enum LookupError {
     Unavailable(String),
 }
 
-/// Starts one watch per kind the index follows, on the current runtime.
+/// Starts one watch per kind the index follows, on the current runtime: this node's pods,
+/// namespaces, this node, and the pool objects. Workloads are not watched (see the module).
 pub fn watch(index: &Arc<SharedIndex>, client: &kube::Client) {
     let node = index.read().node_name().to_string();
     let config = watcher::Config::default();
@@ -68,29 +79,6 @@ pub fn watch(index: &Arc<SharedIndex>, client: &kube::Client) {
         watcher(Api::<Node>::all(c.clone()), this_node).default_backoff(),
         |n| n,
     ));
-    tokio::spawn(feed(
-        i.clone(),
-        watcher(
-            Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()),
-            config.clone(),
-        )
-        .default_backoff(),
-        |o| o,
-    ));
-    tokio::spawn(feed(
-        i.clone(),
-        watcher(
-            Api::<PartialObjectMeta<Job>>::all(c.clone()),
-            config.clone(),
-        )
-        .default_backoff(),
-        |o| o,
-    ));
-    tokio::spawn(feed(
-        i.clone(),
-        watcher(Api::<StatefulSet>::all(c.clone()), config.clone()).default_backoff(),
-        |s| s,
-    ));
     for watch in pool_document_feeds(&i, &c, &config) {
         tokio::spawn(watch);
     }
@@ -98,8 +86,10 @@ pub fn watch(index: &Arc<SharedIndex>, client: &kube::Client) {
 
 impl Cluster {
     /// The policy request for `interface` of pod `namespace/name`: from the index, waiting up
-    /// to `pod_wait` for what it lacks (a pod just scheduled may reach the agent's watch after
-    /// the runtime's ADD), then fetching the rest once from the API.
+    /// to `pod_wait` for what the watches bring (a pod just scheduled may reach the agent's
+    /// watch after the runtime's ADD), then fetching the rest once from the API. A pod's
+    /// ReplicaSet or Job, which no watch brings, is read at once, the first time a pod of this
+    /// node names it.
     pub async fn request(
         &self,
         namespace: &str,
@@ -111,14 +101,17 @@ impl Cluster {
         // the same name (a StatefulSet's), not this one.
         let stale =
             |l: &Lookup| matches!(l, Lookup::Ready(r) if !uid.is_empty() && r.pod.uid != uid);
-        let answer = |i: &Index| match i.lookup(namespace, name, interface, true) {
-            Lookup::Missing(_) => None,
-            l if stale(&l) => None,
-            other => Some(other),
+        let answer = |i: &Index| {
+            if !uid.is_empty() && i.pod(namespace, name).is_some_and(|p| p.uid != uid) {
+                return None;
+            }
+            match i.lookup(namespace, name, interface, true) {
+                Lookup::Missing(needs) if needs.iter().any(Need::is_watched) => None,
+                other => Some(other),
+            }
         };
         let lookup = match self.index.wait_for(self.pod_wait, answer).await {
-            Ok(found) => found,
-            Err(_) => {
+            Ok(Lookup::Missing(_)) | Err(_) => {
                 // Each object fetched may name another (a pod its ReplicaSet): ask until
                 // nothing new is missing, each object at most once.
                 let mut asked = Vec::new();
@@ -136,7 +129,12 @@ impl Cluster {
                     if fresh.is_empty() {
                         break;
                     }
-                    tracing::info!(pod = %format!("{namespace}/{name}"), needs = ?fresh, "not in the watch caches yet; asking the API");
+                    let pod = format!("{namespace}/{name}");
+                    if fresh.iter().any(Need::is_watched) {
+                        tracing::info!(%pod, needs = ?fresh, "not in the watch caches yet; asking the API");
+                    } else {
+                        tracing::debug!(%pod, needs = ?fresh, "reading the pod's owner");
+                    }
                     for need in fresh {
                         asked.push(need.clone());
                         self.fetch(need).await?;
@@ -144,6 +142,7 @@ impl Cluster {
                 }
                 self.index.read().lookup(namespace, name, interface, false)
             }
+            Ok(found) => found,
         };
         match lookup {
             l if stale(&l) => Err(LookupError::Unavailable(format!(
@@ -224,10 +223,12 @@ impl Cluster {
     }
 
     /// The replica count of the StatefulSet owning the claims of `attachment`, for a DEL the
-    /// plugin could not say it for: `Some(0)` once the StatefulSet is gone, so its pods'
+    /// plugin could not say it for, read fresh from the API (a set scaled a moment ago decides
+    /// this DEL): `Some(0)` once the StatefulSet is gone or being deleted, so its pods'
     /// addresses are released rather than kept; `None` when the pod is not a StatefulSet's or
-    /// the index cannot tell yet (the address is then kept, and released later if the pod does
-    /// not come back).
+    /// the API does not answer within [`STATEFULSET_READ_TIMEOUT`] (the address is then kept,
+    /// and released later if the pod does not come back). Blocking: call it off the runtime's
+    /// workers (a DEL runs on a blocking thread).
     pub fn owner_replicas(
         &self,
         store: &dyn allot_core::store::Store,
@@ -236,8 +237,30 @@ impl Cluster {
         let claims = store.claims_of(attachment).ok()?;
         let claim = claims.iter().find(|c| c.pod.is_stateful())?;
         let owner = claim.pod.owner_name.as_deref()?;
-        self.index
-            .read()
-            .statefulset_replicas(&claim.pod.namespace, owner)
+        self.runtime
+            .block_on(self.statefulset_replicas(&claim.pod.namespace, owner))
+    }
+
+    /// One GET of StatefulSet `namespace/name`: its replica count (see
+    /// [`Cluster::owner_replicas`]).
+    pub async fn statefulset_replicas(&self, namespace: &str, name: &str) -> Option<u32> {
+        let api = Api::<StatefulSet>::namespaced(self.client.clone(), namespace);
+        let what = format!("StatefulSet {namespace}/{name}");
+        match tokio::time::timeout(STATEFULSET_READ_TIMEOUT, api.get_opt(name)).await {
+            Ok(Ok(Some(sts))) => Some(allot_index::cluster::statefulset_replicas(&sts)),
+            Ok(Ok(None)) => Some(0),
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    "cannot read {what} from the Kubernetes API ({e}): its pod's address is kept; check the agent's ServiceAccount may get StatefulSets"
+                );
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "reading {what} from the Kubernetes API took over {STATEFULSET_READ_TIMEOUT:?}: its pod's address is kept"
+                );
+                None
+            }
+        }
     }
 }

@@ -73,6 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             client: client.clone(),
             pod_wait: Duration::from_millis(args.pod_wait_ms),
             endpoints: EndpointWriter::new(client, &node_name, runtime.handle().clone()),
+            runtime: runtime.handle().clone(),
         };
         let store: Arc<dyn Store> = Arc::new(store);
         (

@@ -1,6 +1,6 @@
 //! The index itself and the lookups an ADD makes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
@@ -9,28 +9,23 @@ use allot_core::policy::{Labels, NamespaceInfo, NodeInfo, Owner, PodInfo};
 
 use crate::multus;
 
-/// The kinds of objects the index follows; each is "synced" once its first list is in.
+/// The kinds of objects the index watches; each is "synced" once its first list is in. A pod's
+/// ReplicaSet or Job is no watched kind: it is read when a pod needs it ([`Need`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     Pod,
     Namespace,
     Node,
-    ReplicaSet,
-    Job,
-    StatefulSet,
     IpPool,
     Subnet,
     ReservedIp,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Pod,
         Kind::Namespace,
         Kind::Node,
-        Kind::ReplicaSet,
-        Kind::Job,
-        Kind::StatefulSet,
         Kind::IpPool,
         Kind::Subnet,
         Kind::ReservedIp,
@@ -46,9 +41,6 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::Namespace => "Namespace",
             Kind::Node => "Node",
-            Kind::ReplicaSet => "ReplicaSet",
-            Kind::Job => "Job",
-            Kind::StatefulSet => "StatefulSet",
             Kind::IpPool => "IPPool",
             Kind::Subnet => "Subnet",
             Kind::ReservedIp => "ReservedIP",
@@ -65,6 +57,9 @@ pub struct PodFacts {
     /// The owner reference marked `controller: true` (kind, name), if any; a KubeVirt
     /// VirtualMachineInstance is reported as its VirtualMachine.
     pub controller: Option<Owner>,
+    /// The UID that owner reference names ("" when none): a cached ReplicaSet or Job of the
+    /// name with another UID is an earlier object of that name, not this pod's owner.
+    pub controller_uid: String,
     pub host_network: bool,
 }
 
@@ -78,8 +73,9 @@ pub struct PodRequest {
     pub multus_name: String,
 }
 
-/// An object the index lacks to answer a lookup: the caller may wait for the watch to bring it,
-/// then fetch it once.
+/// An object the index lacks to answer a lookup: the caller may wait for a watch to bring it
+/// (the pod, its namespace, this node), then fetch it once; a pod's ReplicaSet or Job no watch
+/// brings, the caller reads it at once.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Need {
     Pod { namespace: String, name: String },
@@ -87,6 +83,14 @@ pub enum Need {
     Node(String),
     ReplicaSet { namespace: String, name: String },
     Job { namespace: String, name: String },
+}
+
+impl Need {
+    /// Whether a watch of the index brings it (a pod just scheduled may reach the watch after
+    /// the runtime's ADD: worth a short wait); a ReplicaSet or Job is only ever read by a GET.
+    pub fn is_watched(&self) -> bool {
+        matches!(self, Need::Pod { .. } | Need::Namespace(_) | Need::Node(_))
+    }
 }
 
 /// The answer to "what is this pod?".
@@ -106,6 +110,14 @@ fn key(namespace: &str, name: &str) -> Key {
     (namespace.to_string(), name.to_string())
 }
 
+/// A ReplicaSet or Job as a GET read it: its UID and its controller (Deployment, CronJob),
+/// `None` when it has none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CachedOwner {
+    pub(crate) uid: String,
+    pub(crate) controller: Option<Owner>,
+}
+
 /// What one node agent knows. Fed by [`crate::feed`] (or by tests, object by object).
 #[derive(Debug, Default)]
 pub struct Index {
@@ -113,10 +125,12 @@ pub struct Index {
     pub(crate) pods: HashMap<Key, PodFacts>,
     pub(crate) namespaces: HashMap<String, (Labels, Labels)>,
     pub(crate) node: Option<Labels>,
-    /// ReplicaSet or Job → its controller (Deployment, CronJob), `None` when it has none.
-    pub(crate) replicasets: HashMap<Key, Option<Owner>>,
-    pub(crate) jobs: HashMap<Key, Option<Owner>>,
-    pub(crate) statefulsets: HashMap<Key, u32>,
+    /// The ReplicaSets and Jobs this node's pods name as controller, read once each (a GET when
+    /// a pod first needs it) and kept while a pod of this node names them: a controller's
+    /// controller does not change, and what the cache holds follows the node's pods, not the
+    /// cluster's workloads.
+    pub(crate) replicasets: HashMap<Key, CachedOwner>,
+    pub(crate) jobs: HashMap<Key, CachedOwner>,
     /// Each object as core observed it, with the document it was observed from: an event that
     /// changes none of the document (a status write, a relist) changes nothing the agent serves.
     pub(crate) allot: BTreeMap<(ObjectKind, String), (Observed, serde_json::Value)>,
@@ -178,14 +192,29 @@ impl Index {
         self.pods.len()
     }
 
-    /// The replica count of a StatefulSet: `Some(0)` when the index has the full list and the
-    /// StatefulSet is not in it (deleted), `None` when it cannot tell yet.
-    pub fn statefulset_replicas(&self, namespace: &str, name: &str) -> Option<u32> {
-        match self.statefulsets.get(&key(namespace, name)) {
-            Some(n) => Some(*n),
-            None if self.is_synced(Kind::StatefulSet) => Some(0),
-            None => None,
+    /// How many ReplicaSets and Jobs the index holds (each named by a pod of this node).
+    pub fn cached_owners(&self) -> usize {
+        self.replicasets.len() + self.jobs.len()
+    }
+
+    /// Drops the cached ReplicaSets and Jobs no pod of this node names any more (after a pod
+    /// went, or changed controller).
+    pub(crate) fn forget_unnamed_owners(&mut self) {
+        if self.replicasets.is_empty() && self.jobs.is_empty() {
+            return;
         }
+        let named: HashSet<(&str, &str, &str)> = self
+            .pods
+            .iter()
+            .filter_map(|((namespace, _), p)| {
+                let c = p.controller.as_ref()?;
+                Some((c.kind.as_str(), namespace.as_str(), c.name.as_str()))
+            })
+            .collect();
+        self.replicasets
+            .retain(|(ns, name), _| named.contains(&("ReplicaSet", ns.as_str(), name.as_str())));
+        self.jobs
+            .retain(|(ns, name), _| named.contains(&("Job", ns.as_str(), name.as_str())));
     }
 
     /// The IPPools, Subnets and ReservedIPs as core's loader observed them, and a generation
@@ -214,9 +243,16 @@ impl Index {
     }
 
     /// The pod's top-level owner: a ReplicaSet's Deployment, a Job's CronJob, else the
-    /// controller itself. With `strict`, an intermediate owner missing from the index is a
+    /// controller itself. With `strict`, an intermediate owner missing from the index (or
+    /// cached with another UID than the pod names: an earlier object of the name) is a
     /// [`Need`]; without, the intermediate is taken as the owner.
-    fn owner(&self, namespace: &str, controller: &Owner, strict: bool) -> Result<Owner, Need> {
+    fn owner(
+        &self,
+        namespace: &str,
+        controller: &Owner,
+        uid: &str,
+        strict: bool,
+    ) -> Result<Owner, Need> {
         let (cache, need): (_, fn(String, String) -> Need) = match controller.kind.as_str() {
             "ReplicaSet" => (&self.replicasets, |namespace, name| Need::ReplicaSet {
                 namespace,
@@ -225,9 +261,12 @@ impl Index {
             "Job" => (&self.jobs, |namespace, name| Need::Job { namespace, name }),
             _ => return Ok(controller.clone()),
         };
-        match cache.get(&key(namespace, &controller.name)) {
-            Some(Some(top)) => Ok(top.clone()),
-            Some(None) => Ok(controller.clone()),
+        let same = |c: &&CachedOwner| c.uid.is_empty() || uid.is_empty() || c.uid == uid;
+        match cache.get(&key(namespace, &controller.name)).filter(same) {
+            Some(cached) => Ok(cached
+                .controller
+                .clone()
+                .unwrap_or_else(|| controller.clone())),
             None if strict => Err(need(namespace.to_string(), controller.name.clone())),
             None => Ok(controller.clone()),
         }
@@ -252,8 +291,8 @@ impl Index {
         if self.node.is_none() {
             missing.push(Need::Node(self.node_name.clone()));
         }
-        let owner = match pod.and_then(|p| p.controller.as_ref()) {
-            Some(c) => match self.owner(namespace, c, strict) {
+        let owner = match pod.and_then(|p| Some((p.controller.as_ref()?, &p.controller_uid))) {
+            Some((c, uid)) => match self.owner(namespace, c, uid, strict) {
                 Ok(o) => Some(o),
                 Err(need) => {
                     missing.push(need);

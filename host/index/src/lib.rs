@@ -6,9 +6,11 @@
 //! - this node's pods (watched with a field selector on `spec.nodeName`): labels, annotations,
 //!   UID, the controller owner reference;
 //! - namespaces (labels, annotations: namespace default pools), this node's labels;
-//! - ReplicaSets and Jobs as metadata only, to resolve a pod's top-level owner
-//!   (ReplicaSet → Deployment, Job → CronJob) without an API call per ADD; StatefulSets'
-//!   replica counts, for the fixed-address rule;
+//! - the ReplicaSets and Jobs this node's pods name, as metadata only, to resolve a pod's
+//!   top-level owner (ReplicaSet → Deployment, Job → CronJob): not watched but read by one GET
+//!   when a pod first needs it ([`Need`]), and kept while a pod of this node names it, so that
+//!   what an agent holds follows its node's pods, not the cluster's workloads (StatefulSets are
+//!   not held at all: the agent reads one's replica count when a DEL needs it);
 //! - allot's IPPools, Subnets and ReservedIPs, read as untyped objects and checked by core's
 //!   loader one by one (so one malformed object can neither break the watch nor make more
 //!   addresses allocatable: core's `reconcile` keeps its last good version in force).

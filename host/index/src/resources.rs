@@ -4,14 +4,14 @@ use std::collections::BTreeMap;
 
 use allot_core::policy::Owner;
 use allot_core::store::holder_kind;
-use allot_k8s::openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use allot_k8s::openapi::api::apps::v1::ReplicaSet;
 use allot_k8s::openapi::api::batch::v1::Job;
 use allot_k8s::openapi::api::core::v1::{Namespace, Node, Pod};
 use allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::core::PartialObjectMeta;
 
 use crate::feed::IndexResource;
-use crate::index::{Index, Kind, PodFacts};
+use crate::index::{CachedOwner, Index, Kind, PodFacts};
 
 fn names(meta: &ObjectMeta) -> (String, String) {
     (
@@ -58,6 +58,9 @@ impl Index {
             labels: map(&pod.metadata.labels),
             annotations: map(&pod.metadata.annotations),
             controller: pod_controller(&pod.metadata),
+            controller_uid: controller_ref(&pod.metadata)
+                .map(|r| r.uid.clone())
+                .unwrap_or_default(),
             host_network: pod
                 .spec
                 .as_ref()
@@ -78,10 +81,17 @@ impl IndexResource<Pod> for Index {
         let key = names(&pod.metadata);
         // The watch selects this node's pods; a pod of another node (a misconfigured selector)
         // is not ours to serve.
-        if self.on_this_node(&pod) {
-            self.pods.insert(key, Index::facts(&pod));
-        } else {
-            self.pods.remove(&key);
+        let facts = self.on_this_node(&pod).then(|| Index::facts(&pod));
+        let named = facts
+            .as_ref()
+            .map(|f| (f.controller.clone(), f.controller_uid.clone()));
+        let before = match facts {
+            Some(f) => self.pods.insert(key, f),
+            None => self.pods.remove(&key),
+        };
+        // Orphaned, adopted or gone: its former owner may be named by no pod any more.
+        if before.is_some_and(|b| named != Some((b.controller, b.controller_uid))) {
+            self.forget_unnamed_owners();
         }
     }
 
@@ -96,6 +106,7 @@ impl IndexResource<Pod> for Index {
             .is_some_and(|p| uid.is_empty() || p.uid == uid)
         {
             self.pods.remove(&key);
+            self.forget_unnamed_owners();
         }
     }
 
@@ -105,6 +116,7 @@ impl IndexResource<Pod> for Index {
             .filter(|p| self.on_this_node(p))
             .map(|p| (names(&p.metadata), Index::facts(p)))
             .collect();
+        self.forget_unnamed_owners();
         self.mark_synced(Kind::Pod);
     }
 }
@@ -158,15 +170,16 @@ impl IndexResource<Node> for Index {
     }
 }
 
-/// ReplicaSets and Jobs are followed as metadata only: their owner is all the index needs.
+/// A pod's ReplicaSet or Job, read by one metadata-only GET when a pod of this node first names
+/// it (no watch follows them): its UID and its controller are all the index needs. `delete`
+/// and `reset` complete the trait: nothing lists or watches these kinds.
 macro_rules! owner_cache {
     ($kind:ty, $field:ident, $tag:expr) => {
         impl IndexResource<PartialObjectMeta<$kind>> for Index {
-            const KIND: &'static str = $tag.as_str();
+            const KIND: &'static str = $tag;
 
             fn apply(&mut self, o: PartialObjectMeta<$kind>) {
-                self.$field
-                    .insert(names(&o.metadata), controller(&o.metadata));
+                self.$field.insert(names(&o.metadata), cached(&o.metadata));
             }
 
             fn delete(&mut self, o: PartialObjectMeta<$kind>) {
@@ -176,36 +189,19 @@ macro_rules! owner_cache {
             fn reset(&mut self, all: Vec<PartialObjectMeta<$kind>>) {
                 self.$field = all
                     .iter()
-                    .map(|o| (names(&o.metadata), controller(&o.metadata)))
+                    .map(|o| (names(&o.metadata), cached(&o.metadata)))
                     .collect();
-                self.mark_synced($tag);
             }
         }
     };
 }
 
-owner_cache!(ReplicaSet, replicasets, Kind::ReplicaSet);
-owner_cache!(Job, jobs, Kind::Job);
-
-impl IndexResource<StatefulSet> for Index {
-    const KIND: &'static str = Kind::StatefulSet.as_str();
-
-    fn apply(&mut self, sts: StatefulSet) {
-        self.statefulsets.insert(
-            names(&sts.metadata),
-            crate::cluster::statefulset_replicas(&sts),
-        );
-    }
-
-    fn delete(&mut self, sts: StatefulSet) {
-        self.statefulsets.remove(&names(&sts.metadata));
-    }
-
-    fn reset(&mut self, all: Vec<StatefulSet>) {
-        self.statefulsets.clear();
-        for sts in all {
-            self.apply(sts);
-        }
-        self.mark_synced(Kind::StatefulSet);
+fn cached(meta: &ObjectMeta) -> CachedOwner {
+    CachedOwner {
+        uid: meta.uid.clone().unwrap_or_default(),
+        controller: controller(meta),
     }
 }
+
+owner_cache!(ReplicaSet, replicasets, "ReplicaSet");
+owner_cache!(Job, jobs, "Job");

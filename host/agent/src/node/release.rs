@@ -115,7 +115,7 @@ impl Node {
     }
 
     /// A DEL, from the plugin or from the journal, under the attachment's lock: in cluster mode
-    /// the StatefulSet's replica count comes from the index when the caller did not say it, and
+    /// the StatefulSet's replica count is read from the API when the caller did not say it, and
     /// the pod's Endpoint loses the interface whose addresses were released. Returns the claims
     /// touched (released ones still name their attachment; kept ones do not).
     fn release_serialized(

@@ -19,7 +19,7 @@ use allot_core::store::{Attachment, MemoryStore, Store, system_clock};
 use allot_engine::{AddRequest, Engine, EngineConfig};
 use allot_policy::{Limits, PolicyEngine, PolicyRegistry, PolicySource};
 
-const POOLS: &str = r#"
+pub(crate) const POOLS: &str = r#"
 apiVersion: allot.dev/v1alpha1
 kind: IPPool
 metadata: {name: v4}
@@ -93,6 +93,11 @@ impl Fixture {
 
 /// An agent of node `node-a` on `store`, remembering DELs in `journal`, its pools not loaded.
 fn node_on(store: &Arc<dyn Store>, journal: &Path) -> Arc<Node> {
+    Arc::new(bare_node(store, journal))
+}
+
+/// [`node_on`], before it is shared (for `Node::with_cluster`).
+pub(crate) fn bare_node(store: &Arc<dyn Store>, journal: &Path) -> Node {
     let policies = PolicyEngine::new(Limits::default(), None).unwrap();
     let default = Arc::new(policies.load(&PolicySource::embedded_default()).unwrap());
     let registry = Arc::new(PolicyRegistry::new(default));
@@ -110,7 +115,7 @@ fn node_on(store: &Arc<dyn Store>, journal: &Path) -> Arc<Node> {
         )
         .on_node("node-a"),
     );
-    Arc::new(Node::new("node-a", engine, registry, Journal::new(journal)))
+    Node::new("node-a", engine, registry, Journal::new(journal))
 }
 
 fn pod(name: &str) -> api::PodIdentity {
@@ -123,7 +128,7 @@ fn pod(name: &str) -> api::PodIdentity {
     }
 }
 
-fn add_request(container: &str, pod: api::PodIdentity) -> api::AddRequest {
+pub(crate) fn add_request(container: &str, pod: api::PodIdentity) -> api::AddRequest {
     api::AddRequest {
         container_id: container.into(),
         if_name: "eth0".into(),
@@ -138,7 +143,7 @@ fn add_request(container: &str, pod: api::PodIdentity) -> api::AddRequest {
     }
 }
 
-fn del_request(container: &str) -> api::DelRequest {
+pub(crate) fn del_request(container: &str) -> api::DelRequest {
     api::DelRequest {
         attachment: id(container),
         owner_replicas: None,
@@ -154,7 +159,7 @@ fn id(container: &str) -> api::AttachmentId {
     }
 }
 
-fn addresses(result: &api::IpamResult) -> Vec<IpAddr> {
+pub(crate) fn addresses(result: &api::IpamResult) -> Vec<IpAddr> {
     result
         .ips
         .iter()

@@ -7,7 +7,7 @@ use allot_index::{
     Index, IndexResource, Kind, Lookup, Need, PodRequest, PoolObject, ReservedObject, SharedIndex,
     SubnetObject, feed,
 };
-use allot_k8s::openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use allot_k8s::openapi::api::apps::v1::ReplicaSet;
 use allot_k8s::openapi::api::batch::v1::Job;
 use allot_k8s::openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::DynamicObject;
@@ -56,15 +56,6 @@ fn owned<K>(ns: &str, name: &str, owner: Option<(&str, &str)>) -> PartialObjectM
     }
 }
 
-fn statefulset(ns: &str, name: &str, replicas: Option<i32>) -> StatefulSet {
-    serde_json::from_value(json!({
-        "metadata": {"namespace": ns, "name": name},
-        "spec": {"replicas": replicas, "serviceName": name, "selector": {},
-                 "template": {"spec": {"containers": []}}}
-    }))
-    .unwrap()
-}
-
 fn dynamic(kind: &str, name: &str, spec: serde_json::Value) -> DynamicObject {
     serde_json::from_value(json!({
         "apiVersion": "allot.dev/v1alpha1", "kind": kind,
@@ -80,9 +71,6 @@ fn listed() -> Index {
     i.reset(vec![namespace("web")]);
     i.reset(vec![node(NODE)]);
     i.reset(Vec::<Pod>::new());
-    i.reset(Vec::<PartialObjectMeta<ReplicaSet>>::new());
-    i.reset(Vec::<PartialObjectMeta<Job>>::new());
-    i.reset(Vec::<StatefulSet>::new());
     i.reset(Vec::<PoolObject>::new());
     i.reset(Vec::<SubnetObject>::new());
     i.reset(Vec::<ReservedObject>::new());
@@ -237,6 +225,163 @@ fn an_uncached_replicaset_is_needed_then_taken_as_the_owner_when_gone() {
     assert_eq!(owner(&r), Some(("Deployment".into(), "d".into())));
 }
 
+/// A ReplicaSet or Job as one GET read it: with its own UID.
+fn read<K>(ns: &str, name: &str, uid: &str, owner: Option<(&str, &str)>) -> PartialObjectMeta<K> {
+    let mut o = owned::<K>(ns, name, owner);
+    o.metadata.uid = Some(uid.into());
+    o
+}
+
+/// `pod` naming its controller by `uid`.
+fn of_uid(mut pod: Pod, uid: &str) -> Pod {
+    pod.metadata.owner_references.as_mut().unwrap()[0].uid = uid.into();
+    pod
+}
+
+fn needs(lookup: Lookup) -> Vec<Need> {
+    match lookup {
+        Lookup::Missing(needs) => needs,
+        other => panic!("not missing anything: {other:?}"),
+    }
+}
+
+/// The owners the index reads follow this node's pods: a ReplicaSet or Job stays while a pod
+/// of the node names it, and goes with the last such pod (deleted, relisted away, or adopted
+/// by another controller), so an agent holds what its node runs, not the cluster's workloads.
+#[test]
+fn an_owner_is_cached_while_a_pod_of_the_node_names_it() {
+    let mut i = listed();
+    let (p, q) = (
+        pod("web", "p", NODE, Some(("ReplicaSet", "web-5d8f"))),
+        pod("web", "q", NODE, Some(("ReplicaSet", "web-5d8f"))),
+    );
+    i.apply(p.clone());
+    i.apply(q.clone());
+    i.apply(read::<ReplicaSet>(
+        "web",
+        "web-5d8f",
+        "o",
+        Some(("Deployment", "web")),
+    ));
+    i.apply(pod("web", "j", NODE, Some(("Job", "backup-1"))));
+    i.apply(read::<Job>(
+        "web",
+        "backup-1",
+        "o",
+        Some(("CronJob", "backup")),
+    ));
+    assert_eq!(i.cached_owners(), 2);
+
+    // A status update changes nothing; q still names the ReplicaSet after p goes.
+    i.apply(p.clone());
+    i.delete(p);
+    assert_eq!(i.cached_owners(), 2);
+    let r = ready(i.lookup("web", "q", "eth0", true));
+    assert_eq!(owner(&r), Some(("Deployment".into(), "web".into())));
+    i.delete(q);
+    assert_eq!(
+        i.cached_owners(),
+        1,
+        "the ReplicaSet went with its last pod"
+    );
+    // A later pod of it is read again.
+    i.apply(pod("web", "r", NODE, Some(("ReplicaSet", "web-5d8f"))));
+    assert_eq!(
+        needs(i.lookup("web", "r", "eth0", true)),
+        [Need::ReplicaSet {
+            namespace: "web".into(),
+            name: "web-5d8f".into()
+        }]
+    );
+
+    // The Job pod adopted by another controller: the Job goes.
+    i.apply(pod("web", "j", NODE, Some(("ReplicaSet", "other"))));
+    assert_eq!(i.cached_owners(), 0);
+    // A relist without its pods drops what they named.
+    i.apply(pod("web", "j2", NODE, Some(("Job", "backup-2"))));
+    i.apply(read::<Job>(
+        "web",
+        "backup-2",
+        "o",
+        Some(("CronJob", "backup")),
+    ));
+    assert_eq!(i.cached_owners(), 1);
+    i.reset(vec![pod(
+        "web",
+        "r",
+        NODE,
+        Some(("ReplicaSet", "web-5d8f")),
+    )]);
+    assert_eq!(i.cached_owners(), 0);
+}
+
+/// A cached ReplicaSet of the name but another UID is an earlier object of that name (deleted
+/// and created again, maybe by another Deployment): the pod's own is read.
+#[test]
+fn a_cached_owner_of_another_uid_is_read_again() {
+    let mut i = listed();
+    i.apply(of_uid(
+        pod("web", "old", NODE, Some(("ReplicaSet", "rs"))),
+        "uid-1",
+    ));
+    i.apply(read::<ReplicaSet>(
+        "web",
+        "rs",
+        "uid-1",
+        Some(("Deployment", "a")),
+    ));
+    i.apply(of_uid(
+        pod("web", "new", NODE, Some(("ReplicaSet", "rs"))),
+        "uid-2",
+    ));
+    let r = ready(i.lookup("web", "old", "eth0", true));
+    assert_eq!(owner(&r), Some(("Deployment".into(), "a".into())));
+    assert_eq!(
+        needs(i.lookup("web", "new", "eth0", true)),
+        [Need::ReplicaSet {
+            namespace: "web".into(),
+            name: "rs".into()
+        }]
+    );
+    i.apply(read::<ReplicaSet>(
+        "web",
+        "rs",
+        "uid-2",
+        Some(("Deployment", "b")),
+    ));
+    let r = ready(i.lookup("web", "new", "eth0", true));
+    assert_eq!(owner(&r), Some(("Deployment".into(), "b".into())));
+}
+
+#[test]
+fn only_the_pod_its_namespace_and_this_node_are_watched_needs() {
+    let watched = [
+        Need::Pod {
+            namespace: "web".into(),
+            name: "p".into(),
+        },
+        Need::Namespace("web".into()),
+        Need::Node(NODE.into()),
+    ];
+    assert!(watched.iter().all(Need::is_watched));
+    let read = [
+        Need::ReplicaSet {
+            namespace: "web".into(),
+            name: "rs".into(),
+        },
+        Need::Job {
+            namespace: "web".into(),
+            name: "j".into(),
+        },
+    ];
+    assert!(!read.iter().any(Need::is_watched));
+    assert!(
+        !Kind::ALL.iter().any(|k| k.as_str() == "ReplicaSet"
+            || k.as_str() == "Job"
+            || k.as_str() == "StatefulSet")
+    );
+}
+
 #[test]
 fn a_pod_namespace_and_node_not_yet_cached_are_all_named() {
     let mut i = Index::new(NODE);
@@ -339,27 +484,6 @@ fn a_malformed_multus_annotation_is_the_pods_error() {
         }
         other => panic!("{other:?}"),
     }
-}
-
-#[test]
-fn statefulset_replicas_are_unknown_until_listed_and_zero_once_deleted() {
-    let mut i = Index::new(NODE);
-    assert_eq!(i.statefulset_replicas("web", "db"), None);
-    i.reset(vec![
-        statefulset("web", "db", Some(3)),
-        statefulset("web", "one", None),
-    ]);
-    assert_eq!(i.statefulset_replicas("web", "db"), Some(3));
-    assert_eq!(i.statefulset_replicas("web", "one"), Some(1));
-    assert_eq!(i.statefulset_replicas("web", "other"), Some(0));
-    let mut terminating = statefulset("web", "db", Some(3));
-    terminating.metadata.deletion_timestamp = Some(
-        allot_k8s::openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
-    );
-    i.apply(terminating);
-    assert_eq!(i.statefulset_replicas("web", "db"), Some(0));
-    i.delete(statefulset("web", "db", Some(3)));
-    assert_eq!(i.statefulset_replicas("web", "db"), Some(0));
 }
 
 #[test]

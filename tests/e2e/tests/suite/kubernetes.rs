@@ -51,15 +51,28 @@ impl Cluster {
         annotations: Value,
         owner: Option<(&str, &str)>,
     ) {
+        let owner = owner.map(|(kind, name)| (kind, name, "owner-uid"));
+        self.add_pod_owned(node, att, annotations, owner);
+    }
+
+    /// [`Cluster::add_pod_on`] naming the controller `owner` by kind, name and UID (that of
+    /// the object in the API, as a controller's pods name it).
+    fn add_pod_owned(
+        &self,
+        node: &str,
+        att: &mut Attachment,
+        annotations: Value,
+        owner: Option<(&str, &str, &str)>,
+    ) {
         let mut pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"namespace": att.namespace, "name": att.name,
                          "labels": {"app": "web"}, "annotations": annotations},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
         });
-        if let Some((kind, name)) = owner {
+        if let Some((kind, name, uid)) = owner {
             pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": kind,
-                "name": name, "uid": "owner-uid", "controller": true}]);
+                "name": name, "uid": uid, "controller": true}]);
         }
         let stored = self.api.create("pods", pod);
         att.uid = stored["metadata"]["uid"]
@@ -87,8 +100,9 @@ fn lab(test: &str, cluster: &Cluster, flags: &[(&str, &str)]) -> Option<Lab> {
     Lab::on_cluster(test, &cluster.agent_kubeconfig(NODE), NODE, flags)
 }
 
-/// The pod's annotation (which the plugin never sees) picks the pool, its ReplicaSet resolves
-/// to its Deployment, the Endpoint records it all, and DEL undoes it.
+/// The pod's annotation (which the plugin never sees) picks the pool, its ReplicaSet (read by
+/// one metadata GET: the agent watches no ReplicaSet) resolves to its Deployment, the Endpoint
+/// records it all, and DEL undoes it.
 #[test]
 fn a_pod_is_served_from_what_the_cluster_says_about_it() {
     let test = "a_pod_is_served_from_what_the_cluster_says_about_it";
@@ -98,7 +112,7 @@ fn a_pod_is_served_from_what_the_cluster_says_about_it() {
     let Some(lab) = lab(test, &cluster, &[]) else {
         return;
     };
-    cluster.api.create(
+    let rs = cluster.api.create(
         "replicasets",
         json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
                "metadata": {"namespace": "default", "name": "web-5d8f",
@@ -108,11 +122,13 @@ fn a_pod_is_served_from_what_the_cluster_says_about_it() {
                         "template": {"metadata": {"labels": {"app": "web"}},
                                      "spec": {"containers": [{"name": "c", "image": "pause"}]}}}}),
     );
+    let rs_uid = rs["metadata"]["uid"].as_str().expect("a UID");
     let mut att = Attachment::new("web-5d8f-x2x");
-    cluster.add_pod(
+    cluster.add_pod_owned(
+        NODE,
         &mut att,
         json!({"ipam.allot.dev/ippool": "{\"ipv4\": [\"annotated\"]}"}),
-        Some(("ReplicaSet", "web-5d8f")),
+        Some(("ReplicaSet", "web-5d8f", rs_uid)),
     );
     // The network's own default is `plain`; the pod's annotation wins.
     let conf = lab.bridge_conf(&["plain"], &[]);
@@ -154,10 +170,21 @@ fn a_pod_is_served_from_what_the_cluster_says_about_it() {
     assert_eq!(claim["pool"], "annotated");
     assert_eq!(claim["ownerKind"], "Deployment");
     assert_eq!(claim["pod"], att.name.as_str());
-    // Found in the watch cache: no per-ADD read of the pod, its namespace, node or owner.
-    for resource in ["/pods", "/namespaces", "/nodes", "apps/replicasets"] {
+    // Found in the watch cache: no per-ADD read of the pod, its namespace or node; the
+    // ReplicaSet read once, and no workload listed or watched.
+    for resource in ["/pods", "/namespaces", "/nodes"] {
         let gets = cluster.api.requests(&agent_user(NODE), "get", resource);
         assert!(gets.is_empty(), "GET {resource}: {gets:?}");
+    }
+    let gets = cluster
+        .api
+        .requests(&agent_user(NODE), "get", "apps/replicasets");
+    assert_eq!(gets.len(), 1, "GET apps/replicasets: {gets:?}");
+    for resource in ["apps/replicasets", "apps/statefulsets", "batch/jobs"] {
+        for verb in ["list", "watch"] {
+            let seen = cluster.api.requests(&agent_user(NODE), verb, resource);
+            assert!(seen.is_empty(), "{verb} {resource}: {seen:?}");
+        }
     }
 
     lab.cni("bridge", "DEL", &att, &conf).expect_ok();

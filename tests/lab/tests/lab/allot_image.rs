@@ -216,8 +216,8 @@ async fn allots_binaries_run_with_their_service_accounts() {
     // The agent's rules (those of the chart): it lists and watches, and turns Ready.
     let rules = json!([
         {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["apps"], "resources": ["replicasets", "statefulsets"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets", "statefulsets"], "verbs": ["get"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},
         {"apiGroups": ["allot.dev"], "resources": ["ippools", "subnets", "reservedips", "policies"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["allot.dev"], "resources": ["ipblocks"], "verbs": ["get", "list", "watch", "create", "update"]},
         {"apiGroups": ["allot.dev"], "resources": ["endpoints"], "verbs": ["get", "create", "update", "delete"]},
