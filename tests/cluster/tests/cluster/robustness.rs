@@ -28,7 +28,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 const V4: &str = "chaos-v4";
 const V6: &str = "chaos-v6";
 /// Twelve addresses of each family for up to eight pods: pools run short, addresses are reused.
-const V4_RANGE: &str = "198.51.100.128-198.51.100.139";
+const V4_RANGE: &str = "198.51.100.80-198.51.100.91";
 const V6_RANGE: &str = "2001:db8:1ab::c:0-2001:db8:1ab::c:b";
 
 fn env(name: &str, default: u64) -> u64 {
