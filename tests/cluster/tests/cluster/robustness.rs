@@ -203,34 +203,25 @@ async fn fault(s: &Suite, rng: &mut Rng) -> Option<String> {
     let node = nodes[rng.below(nodes.len() as u64) as usize].clone();
     let pause = Duration::from_millis(2_000 + rng.below(4_000));
     Some(match rng.below(9) {
-        0 | 1 => {
+        kind @ 0..=3 => {
             // Each component's container is named after it.
             let component = if rng.chance(50) {
                 "agent"
             } else {
                 "controller"
             };
-            let container = component;
             let pod = allot_pod(s, component, rng).await?;
             let name = pod.metadata.name.clone().unwrap_or_default();
-            signal(s, &pod, container, libc::SIGKILL).then_some(())?;
-            format!("SIGKILL {component} {name}")
-        }
-        2 | 3 => {
-            // Each component's container is named after it.
-            let component = if rng.chance(50) {
-                "agent"
+            if kind < 2 {
+                signal(s, &pod, component, libc::SIGKILL).then_some(())?;
+                format!("SIGKILL {component} {name}")
             } else {
-                "controller"
-            };
-            let container = component;
-            let pod = allot_pod(s, component, rng).await?;
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            signal(s, &pod, container, libc::SIGSTOP).then_some(())?;
-            tokio::time::sleep(pause).await;
-            // Its liveness probe may have had it killed meanwhile: nothing to resume then.
-            signal(s, &pod, container, libc::SIGCONT);
-            format!("SIGSTOP {component} {name} for {pause:?}")
+                signal(s, &pod, component, libc::SIGSTOP).then_some(())?;
+                tokio::time::sleep(pause).await;
+                // Its liveness probe may have had it killed meanwhile: nothing to resume then.
+                signal(s, &pod, component, libc::SIGCONT);
+                format!("SIGSTOP {component} {name} for {pause:?}")
+            }
         }
         4 => {
             s.lab.restart(Component::KubeApiserver).await.ok()?;
