@@ -4,7 +4,8 @@
 //!
 //! What runs where: the agent (one per node) watches this node's pods, all namespaces, this
 //! node, allot's pool objects and the cluster's `Policy` (and, through the claim store, the
-//! IPBlocks); it writes IPBlocks (claims) and `Endpoint`s (what each pod holds). It watches no
+//! IPBlocks of the pools this node may use: [`Cluster::follow_blocks`]); it writes IPBlocks
+//! (claims) and `Endpoint`s (what each pod holds). It watches no
 //! workload: a pod's ReplicaSet or Job (for its Deployment or CronJob) is read by one
 //! metadata-only GET when a pod of this node first names it, and kept while one does
 //! ([`Cluster::request`]); a StatefulSet's replica count is read by one GET at the DEL of its
@@ -16,14 +17,17 @@ pub mod migration;
 mod policy;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use allot_core::block::BlockScope;
+use allot_core::config::{InForce, reconcile};
 use allot_index::{
     Index, IndexResource, Lookup, Need, PodRequest, SharedIndex, feed, pool_document_feeds,
 };
 use allot_k8s::openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use allot_k8s::openapi::api::batch::v1::Job;
 use allot_k8s::openapi::api::core::v1::{Namespace, Node, Pod};
+use allot_store::KubeStore;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 
@@ -44,6 +48,27 @@ pub struct Cluster {
     pub endpoints: EndpointWriter,
     /// The agent's runtime: a DEL, on a blocking thread, reads its StatefulSet through it.
     pub runtime: tokio::runtime::Handle,
+    /// The claim store, whose IPBlocks the agent narrows to its pools' ([`Cluster::follow_blocks`]).
+    pub blocks: Arc<KubeStore>,
+    /// The scope last asked of `blocks`, and when.
+    pub scoped: std::sync::Mutex<Option<(BlockScope, Instant)>>,
+}
+
+/// How often the scope is asked again unchanged: the blocks of claims this node made outside
+/// its pools (a policy that ignores node affinity) join it by then.
+const RESCOPE_EVERY: Duration = Duration::from_secs(60);
+
+/// The IPBlocks this node's agent follows: those of the pools in force that admit this node
+/// (their `nodeAffinity` and `nodeName`) and of every Subnet. `None` until this node's labels
+/// are known.
+pub fn blocks_scope(in_force: &InForce, index: &Index) -> Option<BlockScope> {
+    let labels = index.node_labels()?;
+    Some(BlockScope::of_node(
+        &in_force.pools(),
+        &in_force.subnets(),
+        index.node_name(),
+        labels,
+    ))
 }
 
 /// Why an ADD's request could not be built.
@@ -84,7 +109,47 @@ pub fn watch(index: &Arc<SharedIndex>, client: &kube::Client) {
     }
 }
 
+/// How long the agent's start waits for the pools and this node before it lists IPBlocks;
+/// past it, it follows every block until its first reload narrows them.
+const FIRST_SCOPE_WAIT: Duration = Duration::from_secs(15);
+
+/// The IPBlocks to list at start: those of the pools this node may use, once the index's
+/// first lists of pools and of this node are in ([`FIRST_SCOPE_WAIT`] at most).
+pub async fn first_scope(index: &Arc<SharedIndex>) -> BlockScope {
+    let known = index
+        .wait_for(FIRST_SCOPE_WAIT, |i| {
+            let (_, observation) = i.observation()?;
+            let in_force = reconcile(&InForce::default(), &observation, &|_| false).in_force;
+            blocks_scope(&in_force, i)
+        })
+        .await;
+    known.unwrap_or_else(|_| {
+        tracing::warn!(
+            "the pools or this Node are not known after {} s; following every IPBlock until \
+             they are",
+            FIRST_SCOPE_WAIT.as_secs()
+        );
+        BlockScope::All
+    })
+}
+
 impl Cluster {
+    /// Narrows the IPBlocks the store follows to those of `in_force`'s pools this node may use
+    /// (after a reload, and at every tick for the node's labels); cheap when nothing changed.
+    pub fn follow_blocks(&self, in_force: &InForce) {
+        let Some(wanted) = blocks_scope(in_force, &self.index.read()) else {
+            return;
+        };
+        let mut last = self.scoped.lock().unwrap_or_else(|p| p.into_inner());
+        let due = last
+            .as_ref()
+            .is_none_or(|(s, at)| *s != wanted || at.elapsed() >= RESCOPE_EVERY);
+        if due {
+            self.blocks.scope_to(wanted.clone());
+            *last = Some((wanted, Instant::now()));
+        }
+    }
+
     /// The policy request for `interface` of pod `namespace/name`: from the index, waiting up
     /// to `pod_wait` for what the watches bring (a pod just scheduled may reach the agent's
     /// watch after the runtime's ADD), then fetching the rest once from the API. A pod's

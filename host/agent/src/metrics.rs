@@ -56,6 +56,10 @@ pub struct Metrics {
     pub conflicts: Counter,
     /// Quarantined addresses, as of the last quarantine or expiry pass.
     pub quarantined: Gauge,
+    /// Cluster mode: the IPBlocks the claim store follows, and their regions (-1: every block),
+    /// set at each scrape.
+    pub ipblocks_followed: Gauge,
+    pub ipblock_regions_followed: Gauge,
     /// `--probe-ahead`: addresses handed out probed ahead (the plugin does not probe them),
     /// addresses of probing ADDs on a probed-ahead link handed out without a fresh verdict,
     /// and probes run from parent links.
@@ -92,6 +96,18 @@ impl Metrics {
         let lost_races = Counter::default();
         let conflicts = Counter::default();
         let quarantined = Gauge::default();
+        let ipblocks_followed = Gauge::default();
+        let ipblock_regions_followed = Gauge::default();
+        registry.register(
+            "ipblocks_followed",
+            "Cluster mode: IPBlocks the agent's claim store holds and watches (those of the pools its node may use)",
+            ipblocks_followed.clone(),
+        );
+        registry.register(
+            "ipblock_regions_followed",
+            "Cluster mode: regions (allot.dev/region) of the IPBlocks followed; -1 while every block is followed",
+            ipblock_regions_followed.clone(),
+        );
         registry.register(
             "conflicts",
             "Addresses another host answered for on a pod's link during an ADD's probe; each was quarantined and replaced",
@@ -188,6 +204,8 @@ impl Metrics {
             degraded,
             conflicts,
             quarantined,
+            ipblocks_followed,
+            ipblock_regions_followed,
             probe_ahead_hits,
             probe_ahead_misses,
             probe_ahead_probes,

@@ -261,6 +261,13 @@ impl Node {
 
     /// `/metrics`, in Prometheus' text format.
     pub fn metrics_text(&self) -> String {
+        if let Some(cluster) = &self.cluster {
+            let stats = cluster.blocks.stats();
+            self.metrics.ipblocks_followed.set(stats.blocks as i64);
+            self.metrics
+                .ipblock_regions_followed
+                .set(stats.regions.map_or(-1, |r| r as i64));
+        }
         self.metrics.encode(
             &self.engine.usage(),
             self.engine.lost_races(),

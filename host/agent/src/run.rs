@@ -59,23 +59,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // controller reads claims' node as a Node's name.
         let node_id = identity::resolve(args.node_name.as_deref(), &hostname, None)?;
         let node_name = node_id.name.clone();
-        let store = allot_store::KubeStore::connect(&allot_store::KubeConfig {
-            kubeconfig: args.store.kubeconfig.clone(),
-            node: Some(node_name.clone()),
-            timeout: None,
-        })?;
-        tracing::info!(node = %node_name, "cluster mode: claims are kept in the cluster's IPBlocks");
         let client =
             runtime.block_on(allot_store::kube_client(args.store.kubeconfig.as_deref()))?;
         let index = allot_index::SharedIndex::new(&node_name);
+        // The index first: its pools and this node's labels say which IPBlocks the store lists
+        // and follows (the blocks of this node's pools, not the cluster's).
+        {
+            let _in_runtime = runtime.enter();
+            cluster::watch(&index, &client);
+        }
+        let scope = runtime.block_on(cluster::first_scope(&index));
+        let store = Arc::new(allot_store::KubeStore::connect(&allot_store::KubeConfig {
+            kubeconfig: args.store.kubeconfig.clone(),
+            node: Some(node_name.clone()),
+            timeout: None,
+            scope,
+        })?);
+        tracing::info!(node = %node_name, "cluster mode: claims are kept in the cluster's IPBlocks");
         let cluster = Cluster {
             index: index.clone(),
             client: client.clone(),
             pod_wait: Duration::from_millis(args.pod_wait_ms),
             endpoints: EndpointWriter::new(client, &node_name, runtime.handle().clone()),
             runtime: runtime.handle().clone(),
+            blocks: store.clone(),
+            scoped: Default::default(),
         };
-        let store: Arc<dyn Store> = Arc::new(store);
+        let store: Arc<dyn Store> = store;
         (
             store,
             inventory::Source::Cluster(index),
@@ -217,9 +227,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(address) = args.metrics_address {
             server::serve_metrics(node.clone(), address).await?;
         }
-        if let Some(c) = node.cluster() {
-            cluster::watch(&c.index, &c.client);
-        }
         if let Some(follower) = follower {
             tokio::spawn(follower.run());
         }
@@ -325,6 +332,7 @@ async fn periodic(node: Arc<Node>, source: inventory::Source, every: Duration) {
         }
         let work = tokio::task::spawn_blocking(move || {
             node.reload_if_changed(&source, true);
+            node.follow_blocks();
             if let Err(e) = node.engine().tick() {
                 tracing::warn!("following the store's changes: {e}");
             }

@@ -94,6 +94,33 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
     runtime.block_on(serve_cluster(args))
 }
 
+/// Labels the IPBlocks an older allot wrote with their region, so that agents can follow only
+/// their pools' blocks (until none is left unlabelled, each agent follows every block).
+async fn label_regions(store: Arc<KubeStore>) {
+    let mut labelled = 0;
+    loop {
+        let s = store.clone();
+        match tokio::task::spawn_blocking(move || s.label_regions()).await {
+            Ok(Ok(0)) => break,
+            Ok(Ok(n)) => labelled += n,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "labelling IPBlocks with their region failed; retrying in 10 s");
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+            Err(e) => {
+                tracing::error!("labelling IPBlocks with their region failed: {e}");
+                return;
+            }
+        }
+    }
+    if labelled > 0 {
+        tracing::info!(
+            labelled,
+            "IPBlocks written by an older allot now carry their region"
+        );
+    }
+}
+
 async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
     let identity = match &args.identity {
         Some(i) => i.clone(),
@@ -111,7 +138,7 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
         return crate::uninstall::remove_webhook_configurations(client, &args).await;
     }
     let kubeconfig = args.kubeconfig.clone();
-    let store: Arc<dyn Store> = tokio::task::spawn_blocking(move || {
+    let blocks = tokio::task::spawn_blocking(move || {
         KubeStore::connect(&KubeConfig {
             kubeconfig,
             ..KubeConfig::default()
@@ -120,6 +147,8 @@ async fn serve_cluster(args: ControllerArgs) -> anyhow::Result<()> {
     .await?
     .map(Arc::new)
     .context("cannot open the claim store (the cluster's IPBlocks); apply crds/ first")?;
+    tokio::spawn(label_regions(blocks.clone()));
+    let store: Arc<dyn Store> = blocks;
 
     let index = Shared::of(ClusterIndex::new());
     let settings = args.gc.settings();

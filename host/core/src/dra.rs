@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use crate::addr::{AddrSet, IpFamily};
+use crate::policy::Labels;
 use crate::pool::{Pool, Reserved};
 use crate::spec::{LabelSelector, SelectorOperator};
 
@@ -59,6 +60,31 @@ pub enum NodeScope {
         labels: Vec<NodeRequirement>,
         names: Vec<String>,
     },
+}
+
+impl NodeScope {
+    /// Whether the node named `node`, labelled `labels`, is one of the scope's, as the
+    /// scheduler reads a node selector: `In` and `Exists` need the label, `NotIn` and
+    /// `DoesNotExist` hold without it.
+    pub fn admits(&self, node: &str, labels: &Labels) -> bool {
+        let NodeScope::Selector {
+            labels: reqs,
+            names,
+        } = self
+        else {
+            return true;
+        };
+        (names.is_empty() || names.iter().any(|n| n == node))
+            && reqs.iter().all(|r| {
+                let value = labels.get(&r.key);
+                match r.operator {
+                    SelectorOperator::In => value.is_some_and(|v| r.values.contains(v)),
+                    SelectorOperator::NotIn => !value.is_some_and(|v| r.values.contains(v)),
+                    SelectorOperator::Exists => value.is_some(),
+                    SelectorOperator::DoesNotExist => value.is_none(),
+                }
+            })
+    }
 }
 
 /// What allot publishes for one pool.
@@ -274,6 +300,33 @@ mod tests {
         );
         assert_eq!(publ.slice_name(), "p.ipam.allot.dev");
         assert_eq!(publ.nodes, NodeScope::All);
+    }
+
+    #[test]
+    fn a_scope_admits_nodes_as_the_scheduler_reads_a_selector() {
+        let scope = |operator, values: &[&str]| NodeScope::Selector {
+            labels: vec![NodeRequirement {
+                key: "rack".into(),
+                operator,
+                values: values.iter().map(|v| v.to_string()).collect(),
+            }],
+            names: vec![],
+        };
+        let a = Labels::from([("rack".to_string(), "a".to_string())]);
+        let none = Labels::new();
+        assert!(scope(SelectorOperator::In, &["a"]).admits("n", &a));
+        assert!(!scope(SelectorOperator::In, &["b"]).admits("n", &a));
+        assert!(!scope(SelectorOperator::In, &["a"]).admits("n", &none));
+        assert!(scope(SelectorOperator::NotIn, &["b"]).admits("n", &a));
+        assert!(scope(SelectorOperator::NotIn, &["a"]).admits("n", &none));
+        assert!(scope(SelectorOperator::Exists, &[]).admits("n", &a));
+        assert!(scope(SelectorOperator::DoesNotExist, &[]).admits("n", &none));
+        let named = NodeScope::Selector {
+            labels: vec![],
+            names: vec!["node-2".into()],
+        };
+        assert!(named.admits("node-2", &none) && !named.admits("node-1", &none));
+        assert!(NodeScope::All.admits("any", &none));
     }
 
     #[test]

@@ -147,6 +147,11 @@ impl Index {
         }
     }
 
+    /// This node's labels, once its watch has delivered the Node.
+    pub fn node_labels(&self) -> Option<&Labels> {
+        self.node.as_ref()
+    }
+
     pub fn node_name(&self) -> &str {
         &self.node_name
     }

@@ -56,6 +56,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use allot_core::block::{BlockScope, region_of};
 use allot_core::store::{
     Attachment, Changes, Claim, Clock, Reattach, Snapshot, StoreError, system_clock,
 };
@@ -86,6 +87,9 @@ pub struct KubeConfig {
     pub node: Option<String>,
     /// Budget of one store call (all its requests); past it the call fails as unavailable.
     pub timeout: Option<Duration>,
+    /// The blocks to follow from the first list on ([`KubeStore::scope_to`] changes it): an
+    /// agent's the regions of its node's pools, the controller's every block.
+    pub scope: BlockScope,
 }
 
 /// Claims in IPBlocks, asynchronously: the client, the watch-fed mirror, the counters.
@@ -107,6 +111,10 @@ pub struct Backend {
     pending: Arc<combine::Pending>,
     /// This backend, for the block writers it starts as tasks.
     this: std::sync::Weak<Backend>,
+    /// The blocks this store should follow; a change lists again ([`follow`]).
+    scope: tokio::sync::watch::Sender<BlockScope>,
+    /// The label selector the last list and the watch use (`None`: every block).
+    selector: std::sync::Mutex<Option<String>>,
 }
 
 /// Claims in IPBlock objects, read through a watch-fed mirror.
@@ -132,6 +140,9 @@ pub struct KubeStats {
     pub lost_races: u64,
     /// Requests the store's calls made.
     pub requests: u64,
+    /// Regions the store follows (`None`: every block, by its scope or because some block
+    /// carries no region yet).
+    pub regions: Option<usize>,
 }
 
 /// A client from a kubeconfig file, or (`None`) from `$KUBECONFIG`, `~/.kube/config` or the
@@ -190,6 +201,7 @@ impl KubeStore {
     {
         let timeout = config.timeout.unwrap_or(Duration::from_secs(10));
         let node = config.node.clone();
+        let scope = config.scope.clone();
         let peer = "the Kubernetes API server";
         BlockingStore::start("allot-kube", peer, timeout, move || async move {
             let client = make().await?;
@@ -204,6 +216,8 @@ impl KubeStore {
                 queues: combine::Queues::default(),
                 pending: Arc::default(),
                 this: this.clone(),
+                scope: tokio::sync::watch::Sender::new(scope),
+                selector: std::sync::Mutex::new(None),
             });
             let rv = inner.relist().await?;
             tokio::spawn(follow::follow(inner.clone(), rv));
@@ -220,7 +234,48 @@ impl KubeStore {
             conflicts: inner.conflicts.load(Ordering::Relaxed),
             lost_races: inner.lost_races.load(Ordering::Relaxed),
             requests: inner.requests.load(Ordering::Relaxed),
+            regions: match (&*inner.scope.borrow(), inner.selector()) {
+                (BlockScope::Regions(r), Some(_)) => Some(r.len()),
+                _ => None,
+            },
         }
+    }
+
+    /// Labels with their region up to a hundred blocks written before blocks carried one;
+    /// returns how many (0: none is left). The controller calls it at its start, so that agents
+    /// can select their pools' blocks ([`KubeStore::scope_to`] follows every block while one
+    /// is unlabelled).
+    pub fn label_regions(&self) -> Result<usize, StoreError> {
+        self.run(|b| async move { b.label_regions().await })
+    }
+
+    /// Follows the blocks of `wanted` from now on, and those holding a claim this store's node
+    /// made (a pool edited away from the node still has its pods' addresses released by their
+    /// DEL). A change lists the blocks of the new scope and drops the others from the mirror;
+    /// the same scope again does nothing. A write to a block outside the scope still works (it
+    /// reads the block first, compare-and-swap as always), only its later changes go unseen.
+    pub fn scope_to(&self, wanted: BlockScope) {
+        let inner = self.backend();
+        let scope = match &inner.node {
+            Some(node) if wanted != BlockScope::All => {
+                let held = inner.mirror.all(|c| &c.node == node);
+                wanted.union(BlockScope::Regions(
+                    held.iter().map(|c| region_of(c.address)).collect(),
+                ))
+            }
+            _ => wanted,
+        };
+        inner.scope.send_if_modified(|now| {
+            let changed = *now != scope;
+            if changed {
+                tracing::info!(
+                    regions = ?scope.selector(),
+                    "following the IPBlocks of this node's pools"
+                );
+                *now = scope;
+            }
+            changed
+        });
     }
 }
 

@@ -136,6 +136,7 @@ fn kubernetes(plane: &LoopbackControlPlane, n: usize, load: &Load, rows: &mut Ve
             kubeconfig: Some(kubeconfig.clone()),
             node: Some(format!("node-{i}")),
             timeout: None,
+            scope: Default::default(),
         };
         KubeStore::connect(&config)
     });

@@ -636,6 +636,7 @@ impl Backend {
                     kubeconfig: None,
                     node: Some(node.into()),
                     timeout: Some(Duration::from_secs(10)),
+                    scope: Default::default(),
                 };
                 Arc::new(KubeStore::open_with(&config, clock, move || async move {
                     Ok(server.client())

@@ -40,6 +40,15 @@ impl Node {
         true
     }
 
+    /// Cluster mode: narrows the IPBlocks followed to those of the pools in force this node may
+    /// use ([`crate::cluster::Cluster::follow_blocks`]). Called after every reload and at every
+    /// tick (a change of the node's labels changes the pools it may use).
+    pub fn follow_blocks(&self) {
+        if let Some(cluster) = self.cluster() {
+            cluster.follow_blocks(&lock(self.config()).in_force);
+        }
+    }
+
     /// One reload at a time: an older observation is never installed over a newer one.
     fn reloading(&self) -> std::sync::MutexGuard<'_, ()> {
         self.reloading.lock().unwrap_or_else(|p| p.into_inner())
@@ -100,6 +109,7 @@ impl Node {
             // Degraded: the periodic work retries it; a change of the watched pools does not.
             config.loaded_from = fingerprint;
         }
+        self.follow_blocks();
         let config = lock(self.config());
         self.metrics().set_config(&config);
         if first_load && self.engine().is_loaded() {

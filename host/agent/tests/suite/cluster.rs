@@ -9,9 +9,12 @@ use allot_agent::cluster::{self, Cluster, EndpointWriter, STATEFULSET_READ_TIMEO
 use allot_agent::inventory::Source;
 use allot_agent::node::Node;
 use allot_api as api;
-use allot_core::store::{MemoryStore, Store};
+use allot_core::block::{BlockScope, region_of};
+use allot_core::config::{InForce, reconcile};
+use allot_core::store::{Attachment, Claim, MemoryStore, PodRef, Store, system_clock};
 use allot_index::{IndexResource, SharedIndex};
 use allot_k8s::openapi::api::core::v1::{Namespace, Node as K8sNode, Pod};
+use allot_store::{KubeConfig, KubeStore};
 use allot_test_apiserver::ApiServer;
 use serde_json::{Value, json};
 
@@ -84,7 +87,28 @@ impl Api {
             pod_wait,
             endpoints: EndpointWriter::new(client, NODE, runtime.clone()),
             runtime,
+            blocks: Arc::new(self.blocks()),
+            scoped: Default::default(),
         }
+    }
+
+    /// A claim store of this node on this API server's IPBlocks, following every block.
+    fn blocks(&self) -> KubeStore {
+        self.store(NODE, BlockScope::All)
+    }
+
+    /// A claim store of `node` on this API server's IPBlocks, following those of `scope`.
+    fn store(&self, node: &str, scope: BlockScope) -> KubeStore {
+        let server = self.server.clone();
+        let config = KubeConfig {
+            node: Some(node.into()),
+            scope,
+            ..KubeConfig::default()
+        };
+        KubeStore::open_with(&config, system_clock(), move || async move {
+            Ok(server.client())
+        })
+        .expect("a store on the test API server")
     }
 
     fn gets(&self, plural: &str) -> u64 {
@@ -375,4 +399,114 @@ async fn a_statefulset_pods_address_is_kept_when_its_statefulset_cannot_be_read(
     assert_eq!(node.add("sandbox-3", "db-0").await, first);
     node.del("sandbox-3").await;
     assert!(node.released(&first));
+}
+
+/// The pools of the in-memory API server: one every node may use, one for nodes of rack b.
+fn rack_pools(api: &Api) {
+    api.insert(
+        "ippools",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
+               "metadata": {"name": "everywhere"},
+               "spec": {"subnet": "198.51.100.0/24", "ips": ["198.51.100.10-198.51.100.20"]}}),
+    );
+    api.insert(
+        "ippools",
+        json!({"apiVersion": "allot.dev/v1alpha1", "kind": "IPPool",
+               "metadata": {"name": "rack-b"},
+               "spec": {"subnet": "203.0.113.0/24", "ips": ["203.0.113.10-203.0.113.20"],
+                        "nodeAffinity": {"matchLabels": {"rack": "b"}}}}),
+    );
+}
+
+fn in_force(index: &SharedIndex) -> InForce {
+    let (_, observation) = index.read().observation().expect("the pools are listed");
+    reconcile(&InForce::default(), &observation, &|_| false).in_force
+}
+
+/// The agent lists and follows the IPBlocks of the pools its node may use, by their region
+/// label, not every block of the cluster (at 1,000 nodes, every claim write went to every
+/// agent); a change of its node's labels that lets it use another pool brings that pool's
+/// blocks at the next tick.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_follows_only_the_ipblocks_of_its_nodes_pools() {
+    let api = Api::new();
+    api.insert(
+        "nodes",
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": NODE, "labels": {"rack": "a"}}}),
+    );
+    rack_pools(&api);
+    // Another node's claims, one in each pool.
+    let other = tokio::task::block_in_place(|| api.store("node-b", BlockScope::All));
+    for address in ["198.51.100.10", "203.0.113.10"] {
+        let claim = Claim {
+            address: address.parse().unwrap(),
+            pool: "p".into(),
+            network: "net".into(),
+            attachment: Some(Attachment {
+                container_id: format!("c-{address}"),
+                interface: "eth0".into(),
+            }),
+            pod: PodRef {
+                namespace: "default".into(),
+                name: format!("web-{address}"),
+                uid: "u".into(),
+                ..PodRef::default()
+            },
+            node: "node-b".into(),
+            updated_at: 1,
+        };
+        tokio::task::block_in_place(|| other.claim(&[claim])).unwrap();
+    }
+
+    let index = SharedIndex::new(NODE);
+    cluster::watch(&index, &api.server.client());
+    let scope = cluster::first_scope(&index).await;
+    let everywhere = region_of("198.51.100.0".parse().unwrap());
+    assert_eq!(scope, BlockScope::Regions([everywhere.clone()].into()));
+    let blocks = Arc::new(tokio::task::block_in_place(|| api.store(NODE, scope)));
+    let held = |b: &KubeStore| -> Vec<String> {
+        b.all()
+            .unwrap()
+            .iter()
+            .map(|c| c.address.to_string())
+            .collect()
+    };
+    assert_eq!(held(&blocks), ["198.51.100.10"]);
+    assert_eq!(blocks.stats().regions, Some(1));
+
+    // The node moves to rack b: the tick after its watch delivers that follows rack-b's blocks.
+    let client = api.server.client();
+    let runtime = tokio::runtime::Handle::current();
+    let cluster = Cluster {
+        index: index.clone(),
+        client: client.clone(),
+        pod_wait: Duration::from_secs(1),
+        endpoints: EndpointWriter::new(client, NODE, runtime.clone()),
+        runtime,
+        blocks: blocks.clone(),
+        scoped: Default::default(),
+    };
+    api.server.edit(
+        "nodes",
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": NODE, "labels": {"rack": "b"}}}),
+    );
+    index
+        .wait_for(Duration::from_secs(10), |i| {
+            (i.node_labels()?.get("rack")? == "b").then_some(())
+        })
+        .await
+        .expect("the node's new labels");
+    cluster.follow_blocks(&in_force(&index));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held(&blocks).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "rack-b's blocks not followed: {:?}",
+            held(&blocks)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(blocks.stats().regions, Some(2));
 }

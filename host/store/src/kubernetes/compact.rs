@@ -20,7 +20,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use allot_core::addr::{IpFamily, addr_to_u128, u128_to_addr};
-use allot_core::block::{BLOCK_HOST_BITS, block_of};
+use allot_core::block::{BLOCK_HOST_BITS, REGION_LABEL, block_of, region_of};
 use allot_core::store::{Attachment, Claim, PodRef, Taken};
 use allot_k8s::{BlockClaim, IPBlock, IPBlockSpec};
 use ipnet::IpNet;
@@ -29,7 +29,7 @@ use kube::api::ObjectMeta;
 /// What others put in an IPBlock's metadata (a GitOps tool's labels and annotations, the
 /// garbage collector's `foregroundDeletion` finalizer, owner references): kept as read and
 /// written back with every replace, which would drop them otherwise. `None` when the block
-/// carries nothing but allot's own label, as nearly every block does.
+/// carries nothing but allot's own labels, as nearly every block does.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Kept {
     labels: BTreeMap<String, String>,
@@ -47,6 +47,8 @@ impl Kept {
         if labels.get(MANAGED_BY).map(String::as_str) == Some("allot") {
             labels.remove(MANAGED_BY);
         }
+        // Allot's too: written anew from the block's name with every write.
+        labels.remove(REGION_LABEL);
         let kept = Kept {
             labels,
             annotations: meta.annotations.clone().unwrap_or_default(),
@@ -134,6 +136,7 @@ impl Block {
         let kept = self.kept.as_deref().cloned().unwrap_or_default();
         let mut labels = kept.labels;
         labels.insert(MANAGED_BY.to_string(), "allot".to_string());
+        labels.insert(REGION_LABEL.to_string(), region_of(self.cidr.network()));
         IPBlock {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),

@@ -1,6 +1,7 @@
-//! Following the blocks: one watch on IPBlocks from the version the mirror is at, resumed after
-//! the last version seen when the stream ends (API servers end watches every few minutes), and
-//! a fresh list when the API server has forgotten that version (`410 Gone`).
+//! Following the blocks: one watch on IPBlocks (those of the store's scope) from the version the
+//! mirror is at, resumed after the last version seen when the stream ends (API servers end
+//! watches every few minutes), and a fresh list when the API server has forgotten that version
+//! (`410 Gone`) or the scope changed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,24 +17,51 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::fro
 
 pub(super) async fn follow(inner: Arc<Backend>, mut rv: String) {
     let mut backoff = BACKOFF.0;
+    let mut scope = inner.scope.subscribe();
+    scope.mark_unchanged();
+    // A list is owed: the scope changed (or the version was forgotten) and no list has
+    // succeeded since; until one does, nothing is watched with the old selector.
+    let mut owed = false;
     loop {
-        match watch_once(&inner, &mut rv).await {
+        let ended = if owed {
+            Ended::Gone
+        } else {
+            tokio::select! {
+                ended = watch_once(&inner, &mut rv) => ended,
+                // Another scope: list its blocks (the mirror drops the others) and watch them.
+                Ok(()) = scope.changed() => {
+                    tracing::info!("the IPBlocks to follow changed; listing them");
+                    Ended::Rescoped
+                }
+            }
+        };
+        match ended {
+            // Following every block only because some carried no region: once a watch ends
+            // (every few minutes), see whether the controller has labelled them since.
+            Ended::Quietly { progressed: true } if inner.falling_back() => {
+                backoff = BACKOFF.0;
+                owed = true;
+            }
             Ended::Quietly { progressed: true } => backoff = BACKOFF.0,
             // A stream that ends before delivering anything (a proxy closing it at once) is
             // not let to spin: wait as after a failure.
             Ended::Quietly { progressed: false } => pause(&mut backoff, &rv).await,
-            Ended::Gone => {
-                tracing::info!(
-                    "the API server forgot the IPBlock version watched from; listing again"
-                );
+            Ended::Gone | Ended::Rescoped => {
+                if matches!(ended, Ended::Gone) && !owed {
+                    tracing::info!(
+                        "the API server forgot the IPBlock version watched from; listing again"
+                    );
+                }
                 match inner.relist().await {
                     Ok(listed) => {
                         rv = listed;
                         backoff = BACKOFF.0;
+                        owed = false;
                         continue;
                     }
                     Err(e) => tracing::warn!(error = %e, "listing IPBlocks failed; retrying"),
                 }
+                owed = true;
                 pause(&mut backoff, &rv).await;
             }
             Ended::Failed(e) => {
@@ -63,11 +91,16 @@ enum Ended {
     },
     /// The version is too old: list again.
     Gone,
+    /// The scope changed: list its blocks.
+    Rescoped,
     Failed(String),
 }
 
 async fn watch_once(inner: &Backend, rv: &mut String) -> Ended {
-    let params = WatchParams::default().timeout(290);
+    let mut params = WatchParams::default().timeout(290);
+    if let Some(selector) = inner.selector() {
+        params = params.labels(&selector);
+    }
     let stream = match inner.api.watch(&params, rv).await {
         Ok(s) => s,
         Err(kube::Error::Api(s)) if s.code == 410 => return Ended::Gone,

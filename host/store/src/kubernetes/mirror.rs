@@ -520,7 +520,8 @@ mod tests {
         );
     }
 
-    /// A block's replace carries what others set in its metadata, and allot's own label.
+    /// A block's replace carries what others set in its metadata, and allot's own labels (its
+    /// region's written anew).
     #[test]
     fn a_rewritten_block_keeps_what_others_set_in_its_metadata() {
         let object: IPBlock = serde_json::from_value(serde_json::json!({
@@ -545,6 +546,7 @@ mod tests {
                     "app.kubernetes.io/managed-by".to_string(),
                     "allot".to_string()
                 ),
+                ("allot.dev/region".to_string(), "v4-10-0-0-0-20".to_string()),
                 ("gitops".to_string(), "yes".to_string())
             ])
         );

@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 
-use allot_core::block::{block_name, block_of};
+use allot_core::block::{BlockScope, REGION_LABEL, block_name, block_of, region_of};
 use allot_core::store::{Attachment, Claim, PodRef, Reattach, StoreError, unchanged};
 
 use super::compact::Block;
-use super::{Backend, LIST_PAGE, request};
+use super::{Backend, LIST_PAGE, attempt, request};
 
 /// After losing write `lost` (0-based) of a block to other writers, waits a random moment of up
 /// to 2 ms per write lost so far (at most 32 ms), so that writers racing for one block spread
@@ -25,6 +25,9 @@ pub(super) async fn pause_after_lost_write(lost: usize) {
     let most_micros = 2_000 * (lost.min(15) as u64 + 1);
     tokio::time::sleep(std::time::Duration::from_micros(random % most_micros)).await;
 }
+
+/// Blocks one call of [`Backend::label_regions`] labels at most, well inside a call's budget.
+pub(super) const LABEL_BATCH: u32 = 100;
 
 /// Blocks one call writes at once (a release of many claims in many blocks).
 const BLOCK_WRITERS: usize = 16;
@@ -63,7 +66,11 @@ impl Backend {
         // mirror's blocks and dropped before the next is read, and all pages are one snapshot
         // (the first page's resourceVersion). An expired continue token fails the relist,
         // which the follower retries from the start.
+        let selector = self.effective_selector().await?;
         let mut params = kube::api::ListParams::default().limit(LIST_PAGE);
+        if let Some(selector) = &selector {
+            params = params.labels(selector);
+        }
         let mut listing = self.mirror.begin_list();
         let mut rv = None;
         loop {
@@ -78,7 +85,83 @@ impl Backend {
         }
         let rv = rv.unwrap_or_default();
         listing.finish(&rv, self.now());
+        *self.selector.lock().unwrap_or_else(|p| p.into_inner()) = selector;
         Ok(rv)
+    }
+
+    /// The label selector of the scope wanted now, or `None` (every block) while blocks written
+    /// before blocks carried their region remain: no region selects those until a write, or the
+    /// controller at its start ([`super::KubeStore::label_regions`]), labels them.
+    async fn effective_selector(&self) -> Result<Option<String>, StoreError> {
+        let Some(selector) = self.scope.borrow().selector() else {
+            return Ok(None);
+        };
+        let unlabelled = kube::api::ListParams::default()
+            .labels(&format!("!{REGION_LABEL}"))
+            .limit(1);
+        self.count();
+        let found = request("listing IPBlocks", self.api.list_metadata(&unlabelled)).await?;
+        if found.items.is_empty() {
+            Ok(Some(selector))
+        } else {
+            tracing::info!(
+                "some IPBlocks carry no {REGION_LABEL} label yet (written by an older allot): \
+                 following every block until the controller has labelled them"
+            );
+            Ok(None)
+        }
+    }
+
+    /// Whether the store follows every block only because some carried no region.
+    pub(super) fn falling_back(&self) -> bool {
+        self.selector().is_none() && *self.scope.borrow() != BlockScope::All
+    }
+
+    /// The selector the watch uses: the last list's.
+    pub(super) fn selector(&self) -> Option<String> {
+        self.selector
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Labels up to [`LABEL_BATCH`] blocks that carry no region yet (written before blocks
+    /// did); returns how many. A merge patch of the label alone: the claims are untouched, and a writer computing
+    /// from the older version loses its compare-and-swap and reads again, as after any write.
+    pub(super) async fn label_regions(&self) -> Result<usize, StoreError> {
+        let params = kube::api::ListParams::default()
+            .labels(&format!("!{REGION_LABEL}"))
+            .limit(LABEL_BATCH);
+        self.count();
+        let found = request("listing IPBlocks", self.api.list_metadata(&params)).await?;
+        let mut labelled = 0;
+        for object in found.items {
+            let name = object.metadata.name.unwrap_or_default();
+            let Some(cidr) = allot_core::block::block_named(&name) else {
+                continue;
+            };
+            let patch = serde_json::json!({
+                "metadata": {"labels": {REGION_LABEL: region_of(cidr.network())}}
+            });
+            self.count();
+            let what = format!("labelling IPBlock {name}");
+            match attempt(
+                &what,
+                self.api.patch_metadata(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                ),
+            )
+            .await?
+            {
+                Ok(_) => labelled += 1,
+                // Deleted meanwhile (emptied and tidied): nothing to label.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(super::api_error(&what, e)),
+            }
+        }
+        Ok(labelled)
     }
 
     /// Reads one block from the API into the mirror (`None`: it does not exist).

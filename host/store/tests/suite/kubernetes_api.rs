@@ -77,6 +77,7 @@ fn open(
     let config = KubeConfig {
         node: Some("node-a".into()),
         timeout: Some(timeout),
+        scope: Default::default(),
         ..KubeConfig::default()
     };
     let store = KubeStore::open_with(&config, system_clock(), move || async move {

@@ -6,6 +6,7 @@ mod etcd_contract;
 mod kubernetes_api;
 mod kubernetes_contract;
 mod kubernetes_faults;
+mod kubernetes_scope;
 mod layers;
 mod memory_contract;
 mod sqlite_contract;

@@ -15,5 +15,6 @@ mod peer_failures;
 mod policy;
 mod real_nodes;
 mod robustness;
+mod scale;
 mod virtual_machines;
 mod workloads;
