@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use allot_core::block::BlockScope;
 use allot_core::config::{InForce, reconcile};
+use allot_core::policy::Labels;
 use allot_index::{
-    Index, IndexResource, Lookup, Need, PodRequest, SharedIndex, feed, pool_document_feeds,
+    Index, IndexResource, Kind, Lookup, Need, PodRequest, SharedIndex, feed, pool_document_feeds,
 };
 use allot_k8s::openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use allot_k8s::openapi::api::batch::v1::Job;
@@ -59,10 +60,15 @@ pub struct Cluster {
 const RESCOPE_EVERY: Duration = Duration::from_secs(60);
 
 /// The IPBlocks this node's agent follows: those of the pools in force that admit this node
-/// (their `nodeAffinity` and `nodeName`) and of every Subnet. `None` until this node's labels
-/// are known.
+/// (their `nodeAffinity` and `nodeName`) and of every Subnet. `None` until the Node watch has
+/// listed (a node without its Node object has no labels).
 pub fn blocks_scope(in_force: &InForce, index: &Index) -> Option<BlockScope> {
-    let labels = index.node_labels()?;
+    let none = Labels::new();
+    let labels = match index.node_labels() {
+        Some(labels) => labels,
+        None if !index.unsynced().contains(&Kind::Node) => &none,
+        None => return None,
+    };
     Some(BlockScope::of_node(
         &in_force.pools(),
         &in_force.subnets(),

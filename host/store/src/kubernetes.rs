@@ -105,6 +105,9 @@ pub struct Backend {
     lost_races: AtomicU64,
     /// API requests made by calls (not the watch).
     requests: AtomicU64,
+    /// Blocks the watch delivered (added, modified, deleted): what other writers cost this
+    /// store.
+    watch_events: AtomicU64,
     /// The edits waiting for each block's writer ([`combine`]).
     queues: combine::Queues,
     /// Claims on their way in a block writer, by attachment.
@@ -140,6 +143,8 @@ pub struct KubeStats {
     pub lost_races: u64,
     /// Requests the store's calls made.
     pub requests: u64,
+    /// Block versions the watch delivered (its own writes' included).
+    pub watch_events: u64,
     /// Regions the store follows (`None`: every block, by its scope or because some block
     /// carries no region yet).
     pub regions: Option<usize>,
@@ -213,14 +218,17 @@ impl KubeStore {
                 conflicts: AtomicU64::new(0),
                 lost_races: AtomicU64::new(0),
                 requests: AtomicU64::new(0),
+                watch_events: AtomicU64::new(0),
                 queues: combine::Queues::default(),
                 pending: Arc::default(),
                 this: this.clone(),
                 scope: tokio::sync::watch::Sender::new(scope),
                 selector: std::sync::Mutex::new(None),
             });
+            // Subscribed before the first list: a scope asked for from here on is never missed.
+            let scope = inner.scope.subscribe();
             let rv = inner.relist().await?;
-            tokio::spawn(follow::follow(inner.clone(), rv));
+            tokio::spawn(follow::follow(inner.clone(), rv, scope));
             Ok(inner)
         })
     }
@@ -234,6 +242,7 @@ impl KubeStore {
             conflicts: inner.conflicts.load(Ordering::Relaxed),
             lost_races: inner.lost_races.load(Ordering::Relaxed),
             requests: inner.requests.load(Ordering::Relaxed),
+            watch_events: inner.watch_events.load(Ordering::Relaxed),
             regions: match (&*inner.scope.borrow(), inner.selector()) {
                 (BlockScope::Regions(r), Some(_)) => Some(r.len()),
                 _ => None,

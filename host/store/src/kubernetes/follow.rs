@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use allot_core::block::BlockScope;
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{WatchEvent, WatchParams};
 
@@ -15,10 +16,14 @@ use super::compact::Block;
 /// Backoff between failed attempts to watch: doubled from the first to the last, with jitter.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
-pub(super) async fn follow(inner: Arc<Backend>, mut rv: String) {
+/// Follows the blocks from `rv`, listing again whenever `scope` (subscribed before the list
+/// `rv` came from) changes.
+pub(super) async fn follow(
+    inner: Arc<Backend>,
+    mut rv: String,
+    mut scope: tokio::sync::watch::Receiver<BlockScope>,
+) {
     let mut backoff = BACKOFF.0;
-    let mut scope = inner.scope.subscribe();
-    scope.mark_unchanged();
     // A list is owed: the scope changed (or the version was forgotten) and no list has
     // succeeded since; until one does, nothing is watched with the old selector.
     let mut owed = false;
@@ -115,6 +120,11 @@ async fn watch_once(inner: &Backend, rv: &mut String) -> Ended {
             Err(e) => return Ended::Failed(e.to_string()),
         };
         progressed = true;
+        if !matches!(event, WatchEvent::Bookmark(_) | WatchEvent::Error(_)) {
+            inner
+                .watch_events
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let at = (inner.clock)();
         match event {
             WatchEvent::Added(o) | WatchEvent::Modified(o) => {

@@ -68,7 +68,7 @@ impl Listing<'_> {
             .cloned()
             .collect();
         for name in gone {
-            st.apply(name, None, Some(rv), at);
+            st.apply_version(name, None, Some(rv), true, at);
         }
         st.prune_words();
         if let Some(rv) = rv_number(rv) {
@@ -304,7 +304,22 @@ impl Mirror {
 }
 
 impl MirrorState {
-    fn apply(&mut self, name: String, mut next: Option<Block>, deleted_at: Option<&str>, at: u64) {
+    fn apply(&mut self, name: String, next: Option<Block>, deleted_at: Option<&str>, at: u64) {
+        self.apply_version(name, next, deleted_at, false, at);
+    }
+
+    /// Applies a version of a block, or its deletion at `deleted_at`. `unlisted`: the deletion
+    /// is a list's at `deleted_at` that did not hold the block, which then held no version
+    /// up to that one (deleted, or outside the store's scope): one read at exactly that version
+    /// is gone too, where a deletion would need a later one.
+    fn apply_version(
+        &mut self,
+        name: String,
+        mut next: Option<Block>,
+        deleted_at: Option<&str>,
+        unlisted: bool,
+        at: u64,
+    ) {
         let version = match &next {
             Some(b) => b.version.clone(),
             None => deleted_at.map(str::to_string),
@@ -312,6 +327,7 @@ impl MirrorState {
         let held = self.blocks.get(&name);
         let newer = match (held.and_then(|b| b.version.as_deref()), version.as_deref()) {
             (Some(h), Some(v)) => match (rv_number(h), rv_number(v)) {
+                (Some(h), Some(v)) if unlisted => v >= h,
                 (Some(h), Some(v)) => v > h,
                 _ => h != v,
             },
@@ -461,6 +477,40 @@ mod tests {
                 .collect(),
             Changes::Compacted => panic!("compacted"),
         }
+    }
+
+    /// A list that does not hold a block (deleted, or outside a narrowed scope) drops it, even
+    /// when the block's last version is the list's own (the last write of the cluster); a
+    /// block written after the list's version stays.
+    #[test]
+    fn a_list_without_a_block_drops_it_unless_it_was_written_since() {
+        let mirror = Mirror::default();
+        let mut list = mirror.begin_list();
+        list.page([block_with("10.0.0.0/26", "5", &[("10.0.0.1", "a")])], 1);
+        list.page([block_with("10.0.0.64/26", "9", &[("10.0.0.65", "b")])], 1);
+        list.finish("9", 1);
+        mirror.apply(
+            "v4-10-0-0-128-26",
+            Some(block_with("10.0.0.128/26", "11", &[("10.0.0.129", "c")])),
+            None,
+            1,
+        );
+        // Listed again at 9 (nothing written between, another scope): neither is held.
+        let list = mirror.begin_list();
+        list.finish("9", 2);
+        assert!(mirror.claims_of_pod("ns", "a").is_empty());
+        assert!(
+            mirror.claims_of_pod("ns", "b").is_empty(),
+            "read at 9, not in the list at 9"
+        );
+        assert_eq!(mirror.claims_of_pod("ns", "c").len(), 1, "written at 11");
+        let list = mirror.begin_list();
+        list.finish("11", 3);
+        assert_eq!(
+            mirror.claims_of_pod("ns", "c").len(),
+            0,
+            "gone from the list at 11"
+        );
     }
 
     /// Lists arrive in pages: the first is not recorded as changes (a reader from before it
