@@ -98,6 +98,7 @@ bench: build policies
 	$(CARGO) bench --locked -p allot-e2e --bench etcd_fleet
 	$(CARGO) bench --locked -p allot-e2e --bench probe_latency
 	$(CARGO) bench --locked -p allot-e2e --bench store_rates
+	$(CARGO) bench --locked -p allot-e2e --bench store_fanout
 	$(CARGO) bench --locked -p allot-controller --bench gc_scan
 	$(CARGO) bench --locked -p allot-controller --bench admission
 	$(CARGO) bench --locked -p allot-controller --bench fleet_pass
