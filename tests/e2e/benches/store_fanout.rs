@@ -98,29 +98,14 @@ fn claim(i: usize, k: usize) -> Claim {
 
 fn open(plane: &LoopbackControlPlane, n: usize, run: Run) -> Vec<Arc<KubeStore>> {
     let kubeconfig = plane.kubeconfig().to_path_buf();
-    let mut stores = Vec::with_capacity(n);
-    // Ten at a time: each lists when it opens.
-    for chunk in (0..n).collect::<Vec<_>>().chunks(10) {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = chunk
-                .iter()
-                .map(|&i| {
-                    let kubeconfig = kubeconfig.clone();
-                    scope.spawn(move || {
-                        let config = KubeConfig {
-                            kubeconfig: Some(kubeconfig),
-                            node: Some(format!("node-{i}")),
-                            timeout: Some(Duration::from_secs(30)),
-                            scope: run.scope(i),
-                        };
-                        Arc::new(KubeStore::connect(&config).expect("a store opens"))
-                    })
-                })
-                .collect();
-            stores.extend(handles.into_iter().map(|h| h.join().unwrap()));
-        });
-    }
-    stores
+    measure::open_stores(n, |i| {
+        KubeStore::connect(&KubeConfig {
+            kubeconfig: Some(kubeconfig.clone()),
+            node: Some(format!("node-{i}")),
+            timeout: Some(Duration::from_secs(30)),
+            scope: run.scope(i),
+        })
+    })
 }
 
 fn one_run(plane: &LoopbackControlPlane, n: usize, writes: usize, run: Run) {

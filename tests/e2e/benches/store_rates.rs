@@ -23,7 +23,6 @@
 //!
 //! `cargo bench -p allot-e2e --bench store_rates` (no root needed; results: docs/benchmarks.md).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::store::{Claim, PodRef, Store};
@@ -54,38 +53,6 @@ fn agent_counts() -> Vec<usize> {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect()
-}
-
-/// Opens `n` stores, 10 at a time (each lists the blocks when it opens; 200 lists at once
-/// outlast the store's request budget on a busy API server), each tried up to three times.
-fn open<S: Send + Sync, E: std::fmt::Debug>(
-    n: usize,
-    open: impl Fn(usize) -> Result<S, E> + Sync,
-) -> Vec<Arc<S>> {
-    let open = &open;
-    let mut stores = Vec::with_capacity(n);
-    for chunk in (0..n).collect::<Vec<_>>().chunks(10) {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = chunk
-                .iter()
-                .map(|&i| {
-                    scope.spawn(move || {
-                        let mut tries = 0;
-                        loop {
-                            tries += 1;
-                            match open(i) {
-                                Ok(store) => return Arc::new(store),
-                                Err(e) if tries >= 3 => panic!("store {i}: {e:?}"),
-                                Err(_) => std::thread::sleep(Duration::from_secs(1)),
-                            }
-                        }
-                    })
-                })
-                .collect();
-            stores.extend(handles.into_iter().map(|h| h.join().unwrap()));
-        });
-    }
-    stores
 }
 
 /// The two allot runs (a shared pool, a pool per agent) on `agents`; `counters` reads the
@@ -131,7 +98,7 @@ fn allot_runs<S: Store + 'static>(
 fn kubernetes(plane: &LoopbackControlPlane, n: usize, load: &Load, rows: &mut Vec<Row>) {
     let servers = measure::servers_of(plane.dir());
     let kubeconfig = plane.kubeconfig().to_path_buf();
-    let stores = open(n, |i| {
+    let stores = measure::open_stores(n, |i| {
         let config = KubeConfig {
             kubeconfig: Some(kubeconfig.clone()),
             node: Some(format!("node-{i}")),
@@ -210,7 +177,7 @@ fn kubernetes(plane: &LoopbackControlPlane, n: usize, load: &Load, rows: &mut Ve
 fn etcd(server: &EtcdServer, n: usize, load: &Load, rows: &mut Vec<Row>) {
     let servers = measure::servers_of(server.data_dir());
     let config = EtcdConfig::from_url(&server.url()).unwrap();
-    let stores = open(n, |_| EtcdStore::connect(&config));
+    let stores = measure::open_stores(n, |_| EtcdStore::connect(&config));
     let agents: Vec<_> = stores
         .iter()
         .enumerate()

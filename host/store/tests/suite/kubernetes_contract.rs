@@ -5,13 +5,13 @@
 //! promises, likewise. What needs faults a real server cannot produce on demand is in
 //! `kubernetes_faults.rs`.
 
-use std::time::{Duration, Instant};
-
 use allot_core::store::{ChangeKind, Changes, Store, StoreError, system_clock};
 use allot_lab::LoopbackControlPlane;
 use allot_store::contract::{Sequence, attachment, claim, ip, pod};
 use allot_store::{KubeConfig, KubeStore};
 use serde_json::{Value, json};
+
+use crate::eventually;
 
 const T0: u64 = 1_700_000_000;
 const API_VERSION: &str = "allot.dev/v1alpha1";
@@ -59,17 +59,6 @@ fn blocks(plane: &LoopbackControlPlane) -> Vec<Value> {
     plane
         .list(API_VERSION, "ipblocks")
         .expect("IPBlocks listed")
-}
-
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(t) = f() {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within 10 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]

@@ -3,36 +3,20 @@
 //! injected faults, and says which fault and why. Everything else runs on a real
 //! kube-apiserver (`kubernetes_contract.rs`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use allot_core::block::BlockScope;
 use allot_core::store::{Changes, Store, system_clock};
+use allot_store::KubeStore;
 use allot_store::contract::{attachment, claim, ip, pod};
-use allot_store::{KubeConfig, KubeStore};
 use allot_test_apiserver::ApiServer;
+
+use crate::{eventually, on_test_apiserver};
 
 const T0: u64 = 1_700_000_000;
 
 fn open(server: &ApiServer) -> KubeStore {
-    let server = server.clone();
-    let config = KubeConfig {
-        node: Some("node-a".into()),
-        ..KubeConfig::default()
-    };
-    KubeStore::open_with(&config, system_clock(), move || async move {
-        Ok(server.client())
-    })
-    .expect("open a store on the test API server")
-}
-
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(t) = f() {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within 10 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    on_test_apiserver(server, "node-a", BlockScope::All)
 }
 
 /// A watch whose history the API server forgot (`410 Gone` after a compaction) lists again;

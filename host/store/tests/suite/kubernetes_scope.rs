@@ -5,38 +5,20 @@
 //! selector; the same store against a real kube-apiserver is `kubernetes_contract.rs`.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::block::{BlockScope, REGION_LABEL, region_of};
-use allot_core::store::{Claim, Store, system_clock};
+use allot_core::store::{Claim, Store};
+use allot_store::KubeStore;
 use allot_store::contract::{attachment, claim, ip, pod};
-use allot_store::{KubeConfig, KubeStore};
 use allot_test_apiserver::ApiServer;
+
+use crate::{eventually, on_test_apiserver};
 
 const T0: u64 = 1_700_000_000;
 
 fn open(server: &ApiServer, node: &str, scope: BlockScope) -> KubeStore {
-    let server = server.clone();
-    let config = KubeConfig {
-        node: Some(node.into()),
-        scope,
-        ..KubeConfig::default()
-    };
-    KubeStore::open_with(&config, system_clock(), move || async move {
-        Ok(server.client())
-    })
-    .expect("open a store on the test API server")
-}
-
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(t) = f() {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within 10 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    on_test_apiserver(server, node, scope)
 }
 
 /// A claim node-b made (the contract's claims record node-a).

@@ -1,6 +1,7 @@
 //! What one measured run counts, merged from its loops, and the CPU the processes used meanwhile.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use allot_e2e::fleet::percentile;
@@ -270,4 +271,36 @@ impl CpuClock {
                 .collect(),
         }
     }
+}
+
+/// Opens `n` stores, 10 at a time (each lists the blocks when it opens; 200 lists at once
+/// outlast the store's request budget on a busy API server), each tried up to three times.
+pub fn open_stores<S: Send + Sync, E: std::fmt::Debug>(
+    n: usize,
+    open: impl Fn(usize) -> Result<S, E> + Sync,
+) -> Vec<Arc<S>> {
+    let open = &open;
+    let mut stores = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10) {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|&i| {
+                    scope.spawn(move || {
+                        let mut tries = 0;
+                        loop {
+                            tries += 1;
+                            match open(i) {
+                                Ok(store) => return Arc::new(store),
+                                Err(e) if tries >= 3 => panic!("store {i}: {e:?}"),
+                                Err(_) => std::thread::sleep(Duration::from_secs(1)),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            stores.extend(handles.into_iter().map(|h| h.join().unwrap()));
+        });
+    }
+    stores
 }
