@@ -10,7 +10,9 @@
 //!
 //! Reported: watch events each agent received (mean and max), events per claim write across
 //! all agents, the API server's CPU milliseconds per claim write (the write plus the fan-out of
-//! its watch events), and how long until every event was delivered (waited for, up to 60 s).
+//! its watch events), and how long until every event was delivered (waited for, up to 90 s);
+//! then every agent restarted (its store dropped and opened again, ten at a time, as the bench
+//! opens them): how long, the claims listed in all, and the API server's CPU seconds.
 //! Contention for shared blocks is `store_rates`' subject, not this one's.
 //!
 //! `cargo bench -p allot-e2e --bench store_fanout` (no root needed; needs the control plane
@@ -181,6 +183,21 @@ fn one_run(plane: &LoopbackControlPlane, n: usize, writes: usize, run: Run) {
         api_cpu * 1000.0 / claims,
         written.as_secs_f64(),
         delivered.as_secs_f64(),
+    );
+    // Every agent restarted (a DaemonSet rollout): the stores dropped and opened again, ten at
+    // a time, each listing what its scope holds now.
+    drop(stores);
+    let cpu = CpuClock::start(&servers);
+    let started = Instant::now();
+    let stores = open(plane, n, run);
+    let reopened = started.elapsed();
+    let api_cpu = cpu.read().servers.first().map_or(0.0, |(_, c)| *c) * reopened.as_secs_f64();
+    let listed: usize = stores.iter().map(|s| s.stats().claims).sum();
+    println!(
+        "N={n:>4}  {:<46} every agent restarted: {:.2} s, {listed} claims listed in all, API \
+         server {api_cpu:.2} s CPU",
+        run.name(),
+        reopened.as_secs_f64(),
     );
     drop(stores);
 }
