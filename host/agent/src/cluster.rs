@@ -70,8 +70,8 @@ pub fn blocks_scope(in_force: &InForce, index: &Index) -> Option<BlockScope> {
         None => return None,
     };
     Some(BlockScope::of_node(
-        &in_force.pools(),
-        &in_force.subnets(),
+        in_force.pools.values().map(|(p, _)| p),
+        in_force.subnets.values().map(|(s, _)| s),
         index.node_name(),
         labels,
     ))

@@ -95,14 +95,19 @@ impl BlockScope {
     /// `nodeAffinity` and `nodeName` admit the node, and of every Subnet (whose auto-created
     /// pools any node may serve). A pool's `ips` as written count, excluded addresses included:
     /// a claim made before an exclusion stays in its block.
-    pub fn of_node(pools: &[Pool], subnets: &[Subnet], node: &str, labels: &Labels) -> BlockScope {
+    pub fn of_node<'a>(
+        pools: impl IntoIterator<Item = &'a Pool>,
+        subnets: impl IntoIterator<Item = &'a Subnet>,
+        node: &str,
+        labels: &Labels,
+    ) -> BlockScope {
         let sets = pools
-            .iter()
+            .into_iter()
             .filter(|p| {
                 node_scope(p.spec.node_affinity.as_ref(), &p.spec.node_name).admits(node, labels)
             })
             .map(|p| &p.ips)
-            .chain(subnets.iter().map(|s| &s.ips));
+            .chain(subnets.into_iter().map(|s| &s.ips));
         BlockScope::covering(sets)
     }
 
@@ -305,17 +310,12 @@ mod tests {
         )
         .unwrap();
         let labels = |rack: &str| Labels::from([("rack".to_string(), rack.to_string())]);
-        let node_1 = BlockScope::of_node(
-            &pools,
-            std::slice::from_ref(&subnet),
-            "node-1",
-            &labels("a"),
-        );
+        let node_1 = BlockScope::of_node(&pools, [&subnet], "node-1", &labels("a"));
         assert_eq!(
             regions(&node_1),
             ["v4-10-0-0-0-20", "v4-10-0-32-0-20", "v4-10-0-48-0-20"]
         );
-        let node_2 = BlockScope::of_node(&pools, &[], "node-2", &labels("b"));
+        let node_2 = BlockScope::of_node(&pools, [], "node-2", &labels("b"));
         assert_eq!(regions(&node_2), ["v4-10-0-0-0-20", "v4-10-0-16-0-20"]);
     }
 
