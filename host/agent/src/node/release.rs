@@ -52,11 +52,11 @@ impl Node {
                 Err(AllocError::Store(StoreError::Unavailable { message: why, .. })) => {
                     return node.remember_del(r, &why);
                 }
-                // Released in part (an IPv4 and an IPv6 block, one refused): the journal's
-                // replay releases the rest.
-                Err(AllocError::Store(
-                    e @ StoreError::Partial { .. },
-                )) if matches!(e.failure(), StoreError::Unavailable { .. }) => {
+                // Released in part (an IPv4 and an IPv6 block, one refused, whatever refused
+                // it): what was released may be handed out already, so the DEL cannot be
+                // answered as failed (the runtime would count the sandbox as still holding
+                // it); the journal's replay releases the rest.
+                Err(AllocError::Store(e @ StoreError::Partial { .. })) => {
                     return node.remember_del(r, &e.to_string());
                 }
                 other => other?,
@@ -143,8 +143,9 @@ impl Node {
         Ok(touched)
     }
 
-    /// Writes a DEL the store could not take into the journal, and answers success; when even
-    /// that fails, the DEL fails with try-again-later and the runtime retries it.
+    /// Writes a DEL the store could not take (or took in part) into the journal, and answers
+    /// success; when even that fails, the DEL fails with try-again-later and the runtime
+    /// retries it.
     fn remember_del(&self, r: api::DelRequest, why: &str) -> Result<(), NodeError> {
         let entry = api::DelRequest {
             issued_at: Some(r.issued_at.unwrap_or_else(unix_now)),
@@ -159,7 +160,7 @@ impl Node {
             None => Err(unavailable(why.to_string())),
             Some(Ok(path)) => {
                 self.metrics.error("del-journaled");
-                tracing::warn!(container = %format!("{}/{}", entry.attachment.container_id, entry.attachment.if_name), journal = %path.display(), "the store is unavailable ({why}); the DEL is remembered and will be replayed");
+                tracing::warn!(container = %format!("{}/{}", entry.attachment.container_id, entry.attachment.if_name), journal = %path.display(), "the store did not take the whole DEL ({why}); it is remembered and will be replayed");
                 Ok(())
             }
             Some(Err(e)) => Err(unavailable(format!(

@@ -206,8 +206,11 @@ impl World {
         let served = self.serve(s.node, |engine, node| {
             let held = engine.serialize(&s.attachment);
             match engine.del_serialized(&held, &DelRequest::new(s.attachment.clone())) {
+                // As the agent does: unavailable, or released in part (whatever refused the
+                // rest), the DEL is journaled and answered.
                 Err(AllocError::Store(e))
-                    if matches!(e.failure(), StoreError::Unavailable { .. })
+                    if (matches!(e, StoreError::Partial { .. })
+                        || matches!(e, StoreError::Unavailable { .. }))
                         && !self.is_dead(s.node) =>
                 {
                     remember(&node.journal);
