@@ -15,7 +15,10 @@ use allot_agent::node::{Node, NodeError};
 use allot_agent::server;
 use allot_api::{self as api, codes};
 use allot_core::policy::{CniDefaults, NamespaceInfo, NodeInfo, PodInfo};
-use allot_core::store::{Attachment, MemoryStore, Store, system_clock};
+use allot_core::store::{
+    Attachment, Changes, Claim, MemoryStore, PodRef, Reattach, Snapshot, Store, StoreError,
+    system_clock,
+};
 use allot_engine::{AddRequest, Engine, EngineConfig};
 use allot_policy::{Limits, PolicyEngine, PolicyRegistry, PolicySource};
 
@@ -557,4 +560,120 @@ async fn an_invalid_pool_edit_keeps_the_version_in_force() {
     let status = f.node.status();
     assert!(!status.degraded, "{status:?}");
     f.node.add(add_request("c3", pod("p3"))).await.unwrap();
+}
+
+/// A memory store whose releases of an IPv4 and an IPv6 claim together, while `refusing`, land
+/// for the IPv4 block alone and fail for the other with a refusal that is no unavailability (as
+/// the Kubernetes store reports a dual-stack DEL one of whose two blocks refused).
+struct HalfReleasing {
+    inner: MemoryStore,
+    refusing: std::sync::atomic::AtomicBool,
+}
+
+impl HalfReleasing {
+    fn release_some(&self, held: Vec<Claim>) -> Result<Vec<Claim>, StoreError> {
+        let refusing = self.refusing.load(std::sync::atomic::Ordering::SeqCst);
+        let (v4, v6): (Vec<Claim>, Vec<Claim>) =
+            held.into_iter().partition(|c| c.address.is_ipv4());
+        if !refusing || v4.is_empty() || v6.is_empty() {
+            return self.inner.release_unchanged(&[v4, v6].concat());
+        }
+        let done = self.inner.release_unchanged(&v4)?;
+        Err(StoreError::Partial {
+            done,
+            rest: Box::new(StoreError::backend("updating the IPv6 block: 422 Invalid")),
+        })
+    }
+}
+
+impl Store for HalfReleasing {
+    fn claim_batch(&self, f: &[Claim], r: &[Reattach]) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claim_batch(f, r)
+    }
+    fn release_attachment(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
+        self.release_some(self.inner.claims_of(a)?)
+    }
+    fn release(&self, addr: IpAddr, a: Option<&Attachment>) -> Result<bool, StoreError> {
+        self.inner.release(addr, a)
+    }
+    fn release_unchanged(&self, claims: &[Claim]) -> Result<Vec<Claim>, StoreError> {
+        self.release_some(claims.to_vec())
+    }
+    fn detach(&self, a: &Attachment, now: u64) -> Result<Vec<Claim>, StoreError> {
+        self.inner.detach(a, now)
+    }
+    fn quarantine(
+        &self,
+        addr: IpAddr,
+        a: &Attachment,
+        holder: &PodRef,
+        now: u64,
+    ) -> Result<Claim, StoreError> {
+        self.inner.quarantine(addr, a, holder, now)
+    }
+    fn claims_of(&self, a: &Attachment) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claims_of(a)
+    }
+    fn claims_of_pod(&self, ns: &str, name: &str) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claims_of_pod(ns, name)
+    }
+    fn detached(&self) -> Result<Vec<Claim>, StoreError> {
+        self.inner.detached()
+    }
+    fn all(&self) -> Result<Vec<Claim>, StoreError> {
+        self.inner.all()
+    }
+    fn snapshot(&self, since: u64) -> Result<Snapshot, StoreError> {
+        self.inner.snapshot(since)
+    }
+    fn changes_since(&self, revision: u64) -> Result<Changes, StoreError> {
+        self.inner.changes_since(revision)
+    }
+}
+
+/// A dual-stack DEL the store released in part (its IPv4 block written, its IPv6 block
+/// refused, for whatever reason) is answered as done and journaled: the released IPv4 address
+/// may be handed out at once, so the runtime must not go on counting the sandbox as its holder
+/// (the 100,000-seed simulation found that). The journal's replay releases the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_del_released_in_part_is_answered_and_its_journal_finishes_it() {
+    let pools = tempfile::tempdir().unwrap();
+    std::fs::write(pools.path().join("pools.yaml"), POOLS).unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let half = Arc::new(HalfReleasing {
+        inner: MemoryStore::new(),
+        refusing: false.into(),
+    });
+    let store: Arc<dyn Store> = half.clone();
+    let node = node_on(&store, journal.path());
+    node.reload(&Source::Dir(pools.path().to_path_buf()));
+    let held = addresses(&node.add(add_request("c1", pod("web"))).await.unwrap());
+    assert_eq!(held.len(), 2);
+
+    half.refusing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    node.del(del_request("c1")).await.expect("answered");
+    let left: Vec<IpAddr> = store.all().unwrap().iter().map(|c| c.address).collect();
+    assert_eq!(left.len(), 1, "the IPv6 claim is left: {left:?}");
+    assert!(left[0].is_ipv6());
+    assert_eq!(std::fs::read_dir(journal.path()).unwrap().count(), 1);
+    assert!(
+        node.metrics_text()
+            .contains("allot_errors_total{reason=\"del-journaled\"} 1")
+    );
+
+    half.refusing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let replayed = {
+        let node = node.clone();
+        tokio::task::spawn_blocking(move || node.replay_journal())
+            .await
+            .unwrap()
+    };
+    assert_eq!(replayed, 1);
+    assert!(
+        store.all().unwrap().is_empty(),
+        "the replay released the rest"
+    );
+    assert_eq!(std::fs::read_dir(journal.path()).unwrap().count(), 0);
 }
